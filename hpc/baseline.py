@@ -1,0 +1,76 @@
+"""Eager and torch.compile baselines: timed in clean sandboxed processes with the candidate's
+protocol, cached per task + scale + hardware + torch version + protocol."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.config import EvalConfig
+from hpc.hardware import device_name, versions
+from hpc.profile.timing import TimingStats
+from hpc.sandbox.process import SandboxedProcess
+from hpc.task import Task
+
+
+@dataclass
+class Baseline:
+    program: str           # eager | compile[:mode]
+    stats: TimingStats
+    cached: bool
+
+
+def baseline_key(task: Task, program: str, cfg: EvalConfig) -> str:
+    t = cfg.timing
+    parts = [task.sha256, cfg.scale, cfg.backend, device_name(cfg.backend), versions()["torch"], program,
+             str((t.warmup, t.iterations, t.flush_cache, t.flush_bytes_cpu, t.flush_bytes_cuda))]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def baseline_programs(cfg: EvalConfig) -> list[str]:
+    return ["eager"] + [f"compile:{m}" for m in cfg.baseline.compile_modes]
+
+
+def get_baselines(task: Task, cfg: EvalConfig, init_seed: int) -> dict[str, Baseline]:
+    """Eager and each torch.compile mode, from the cache or measured now (then cached)."""
+    cache = cfg.cache_path() / "baselines"
+    cache.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Baseline] = {}
+    for program in baseline_programs(cfg):
+        path = cache / f"{baseline_key(task, program, cfg)}.json"
+        if path.is_file():
+            try:
+                out[program] = Baseline(program, TimingStats(**json.loads(path.read_text())["stats"]), True)
+                continue
+            except (ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+        stats = measure_program(task, program, cfg, init_seed)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"task": task.task_id, "program": program, "scale": cfg.scale,
+                                   "hardware": device_name(cfg.backend), "versions": versions(),
+                                   "stats": dataclasses.asdict(stats)}))
+        tmp.replace(path)
+        out[program] = Baseline(program, stats, False)
+    return out
+
+
+def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int) -> TimingStats:
+    """Time eager or torch.compile in a fresh sandboxed process (SandboxError on failure)."""
+    name, _, mode = program.partition(":")
+    with tempfile.TemporaryDirectory(prefix="hpc-baseline-") as workdir:
+        with SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend) as proc:
+            proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
+                          "device": cfg.backend, "program": name, "mode": mode or "default"})
+            reply = proc.request(timing_request(cfg, seed=init_seed + 1))
+    return TimingStats.of(reply["times_ms"])
+
+
+def timing_request(cfg: EvalConfig, seed: int) -> dict:
+    t = cfg.timing
+    flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
+    return {"op": "time", "seed": seed, "warmup": t.warmup, "iterations": t.iterations, "flush_bytes": flush}

@@ -1,0 +1,116 @@
+"""The `hpc` command line.
+
+    hpc eval TASK CANDIDATE [--backend cpu|cuda] [--scale cpu|gpu] [--out FILE.h5] [--json]
+    hpc eval-suite TASKS CANDIDATES [--backend ...] [--scale ...] [--out FILE.h5] [--only SUBSTR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hpc.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
+    p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")
+    p.add_argument("--config", help="YAML evaluation config (see docs/config.md)")
+    p.add_argument("--out", help="append records to this HDF5 file")
+    p.add_argument("--seed", type=int, help="fixed seed for inputs (default: fresh random seeds, recorded)")
+    p.add_argument("--iterations", type=int, help="timed iterations (default 100)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    one = sub.add_parser("eval", help="evaluate one candidate on one task")
+    one.add_argument("task", help="KernelBench problem file")
+    one.add_argument("candidate", help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")
+    _common(one)
+    one.add_argument("--json", action="store_true", help="print one JSON object")
+    suite = sub.add_parser("eval-suite", help="evaluate a folder of candidates against a folder of tasks")
+    suite.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
+    suite.add_argument("candidates", help="folder of candidates laid out like the tasks (e.g. kernels/solutions)")
+    suite.add_argument("--only", action="append", help="evaluate only task ids containing this (repeatable)")
+    _common(suite)
+    return parser
+
+
+def _config(args):
+    from hpc.config import load_config
+
+    cfg = load_config(args.config, backend=args.backend, seed=args.seed)
+    if args.scale:
+        cfg.scale = args.scale
+    elif args.backend:
+        cfg.scale = "gpu" if args.backend == "cuda" else "cpu"
+    if args.iterations is not None:
+        cfg.timing.iterations = args.iterations
+        cfg.correctness.timed_checks = min(cfg.correctness.timed_checks, args.iterations)
+    cfg.validate()
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return _run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
+    from pathlib import Path
+
+    from hpc.candidate import load_candidate
+    from hpc.config import config_to_dict
+    from hpc.task import discover_tasks, load_task
+
+    cfg = _config(args)
+    if args.command == "eval":
+        task, candidate = load_task(args.task), load_candidate(args.candidate)
+    else:
+        tasks = discover_tasks(args.tasks)
+        if args.only:
+            tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
+            if not tasks:
+                raise UserError(f"--only matched no task under {args.tasks}")
+        if not Path(args.candidates).is_dir():
+            raise UserError(f"candidates {args.candidates}: no such folder")
+
+    from hpc.pipeline import evaluate
+    from hpc.results.hdf5 import ResultWriter, provenance
+    from hpc.suite import evaluate_suite, summary_table
+
+    writer = ResultWriter(args.out, provenance(config_to_dict(cfg))) if args.out else None
+    try:
+        if args.command == "eval":
+            rec = evaluate(task, candidate, cfg)
+            if writer:
+                writer.append(rec)
+            if args.json:
+                print(json.dumps(rec.summary()))
+            else:
+                print(summary_table([rec]))
+            return 0
+        records = evaluate_suite(tasks, Path(args.candidates), cfg, writer.append if writer else None)
+        print(summary_table(records))
+        return 0
+    finally:
+        if writer:
+            writer.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Compiling candidate kernels: torch-free sources with g++/nvcc, cached by content."""

@@ -1,0 +1,184 @@
+"""Typed evaluation config: dataclasses with defaults, loaded from YAML, validated at load.
+
+Every error names the offending key (e.g. `timing.iterations: expected int >= 1, got 0`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+from hpc.errors import UserError
+
+
+def default_cache_dir() -> Path:
+    """Compile objects and baseline timings live here unless the config says otherwise."""
+    root = os.environ.get("HPC_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hpc")
+    return Path(root)
+
+
+@dataclass
+class CorrectnessConfig:
+    trials: int = 5                      # fresh-seed trials of the task's own input distribution
+    distributions: list[str] = field(default_factory=lambda: ["wide", "small"])  # one extra trial each
+    atol_fp32: float = 1e-4
+    rtol_fp32: float = 1e-4
+    atol_half: float = 1e-2               # fp16 and bf16
+    rtol_half: float = 1e-2
+    timed_checks: int = 5                 # timed iterations whose outputs are checked by fingerprint
+
+
+@dataclass
+class TimingConfig:
+    warmup: int = 10
+    iterations: int = 100
+    flush_cache: bool = True
+    flush_bytes_cpu: int = 32 << 20
+    flush_bytes_cuda: int = 256 << 20
+    host_check_blocks: int = 5            # parent-clock blocks that bound the reported time
+    host_check_block_size: int = 10
+    host_check_ratio: float = 0.7          # reported median below ratio x host-clock time: rejected
+
+
+@dataclass
+class RewardConfig:
+    kind: str = "discrete"                # discrete (CUDA Agent) or continuous (speedup vs compile)
+    margin: float = 0.05                  # "faster" means faster by more than this fraction
+    incorrect: float = -1.0
+
+
+@dataclass
+class SandboxConfig:
+    timeout_s: float = 300.0              # wall limit for one sandboxed process
+    memory_gb: float = 16.0               # address-space limit (cpu backend only; CUDA maps more)
+    cpu_seconds: int = 1200
+    max_open_files: int = 1024
+    max_processes: int = 4096
+    max_file_mb: int = 1024
+    isolate_network: bool = True
+    restrict_writes: bool = True          # Landlock: writes only in the workdir and a private tmp
+
+
+@dataclass
+class PolicyConfig:
+    allowed_torch_ops: list[str] = field(default_factory=list)  # extra aten ops allowed in forward
+    require_custom_kernel: bool = True    # a forward that calls none of its own kernels fails
+
+
+@dataclass
+class CompileConfig:
+    cuda_arch: str = "sm_90"
+    timeout_s: float = 180.0
+    link_libraries: list[str] = field(default_factory=list)  # e.g. ["-lcublas"] when the policy allows
+
+
+@dataclass
+class BaselineConfig:
+    compile_modes: list[str] = field(default_factory=lambda: ["default"])
+
+
+@dataclass
+class EvalConfig:
+    backend: str = "cpu"
+    scale: str = "cpu"
+    seed: int = -1                        # -1: fresh random seeds per evaluation (recorded); >= 0: fixed
+    cache_dir: str = ""                   # empty: $HPC_CACHE_DIR or ~/.cache/hpc
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
+
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+    def validate(self) -> None:
+        _check_choice("backend", self.backend, ("cpu", "cuda"))
+        _check_choice("scale", self.scale, ("cpu", "gpu"))
+        _check_choice("reward.kind", self.reward.kind, ("discrete", "continuous"))
+        for d in self.correctness.distributions:
+            _check_choice("correctness.distributions[]", d, tuple(DISTRIBUTIONS))
+        for m in self.baseline.compile_modes:
+            _check_choice("baseline.compile_modes[]", m,
+                          ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+        positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
+                    "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
+                    "timing.host_check_blocks": self.timing.host_check_blocks,
+                    "timing.host_check_block_size": self.timing.host_check_block_size}
+        for key, value in positive.items():
+            if value <= 0:
+                raise UserError(f"config {key}: must be > 0, got {value}")
+        for key, value in {"timing.warmup": self.timing.warmup, "reward.margin": self.reward.margin,
+                           "correctness.timed_checks": self.correctness.timed_checks}.items():
+            if value < 0:
+                raise UserError(f"config {key}: must be >= 0, got {value}")
+        if self.correctness.timed_checks > self.timing.iterations:
+            raise UserError("config correctness.timed_checks: must not exceed timing.iterations")
+
+
+# Extra input distributions for correctness trials: how floating-point inputs are transformed.
+DISTRIBUTIONS = {"wide": 8.0, "small": 1.0 / 64}
+
+
+def _check_choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise UserError(f"config {key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def _build(cls, data: Any, prefix: str):
+    if not isinstance(data, dict):
+        raise UserError(f"config {prefix or 'top level'}: expected a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise UserError(f"config {path}: unknown key (known: {', '.join(sorted(names))})")
+        kwargs[key] = _coerce(hints[key], value, path)
+    return cls(**kwargs)
+
+
+def _coerce(tp, value: Any, path: str):
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path + ".")
+    if get_origin(tp) is list:
+        (inner,) = get_args(tp)
+        if not isinstance(value, list):
+            raise UserError(f"config {path}: expected a list, got {type(value).__name__}")
+        return [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and (type(value) is not tp):
+        raise UserError(f"config {path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> EvalConfig:
+    """Defaults, then the YAML file (if any), then non-None keyword overrides; validated."""
+    data: dict = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as e:
+            raise UserError(f"config {path}: cannot read ({e.strerror})") from None
+        except yaml.YAMLError as e:
+            raise UserError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    cfg = _build(EvalConfig, data, "")
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(cfg, key, value)
+    cfg.validate()
+    return cfg
+
+
+def config_to_dict(cfg: EvalConfig) -> dict:
+    return dataclasses.asdict(cfg)

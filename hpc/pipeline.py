@@ -1,0 +1,213 @@
+"""Evaluate one candidate on one task: static -> compile -> load -> correctness -> timing -> baseline -> reward.
+
+The harness (this process) never imports task or candidate code. The reference and the
+candidate each run in their own sandboxed process; reference outputs stay in this process and
+are compared here. Every stage that fails leaves a named reason in the record.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from hpc.baseline import get_baselines, timing_request
+from hpc.candidate import SINGLE_FILE, Candidate
+from hpc.compile.native import compile_workdir, default_toolchain
+from hpc.config import EvalConfig, config_to_dict
+from hpc.hardware import device_name, versions
+from hpc.profile.timing import TimingStats
+from hpc.results.record import EvalRecord
+from hpc.reward import compute_reward
+from hpc.sandbox.process import SandboxedProcess, SandboxError
+from hpc.task import Task
+from hpc.verify.compare import compare_fingerprints, compare_outputs
+from hpc.verify.static import source_defect
+
+_BUILD_FAILED = "Error building extension"
+
+
+def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRecord:
+    """One full evaluation; never raises for anything the candidate does."""
+    t0 = time.monotonic()
+    rec = EvalRecord(
+        task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
+        candidate_sha256=candidate.sha256, candidate_kind=candidate.kind, candidate_path=str(candidate.path),
+        candidate_source=candidate.source_text(), backend=cfg.backend, hardware=device_name(cfg.backend),
+        versions=json.dumps(versions()), policy=json.dumps(config_to_dict(cfg)["policy"]),
+        config=json.dumps(config_to_dict(cfg)), reward_kind=cfg.reward.kind, timestamp=time.time())
+    workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
+    try:
+        _run_stages(rec, task, candidate, cfg, workroot)
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+    if rec.status == "failed":
+        rec.reward = cfg.reward.incorrect
+    rec.wall_seconds = time.monotonic() - t0
+    return rec
+
+
+def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, workroot: Path) -> None:
+    defect = source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
+    if defect:
+        rec.fail("static", defect)
+        return
+    cand_dir, ref_dir = workroot / "candidate", workroot / "reference"
+    model_file = candidate.materialize(cand_dir)
+    ref_dir.mkdir()
+    env, writable = _compile(rec, candidate, cfg, cand_dir)
+    if rec.failed_stage:
+        return
+    rng = secrets.SystemRandom()
+    base_seed = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
+    init_seed = base_seed
+    trials = [{"seed": base_seed + 1 + k, "distribution": "default"} for k in range(cfg.correctness.trials)]
+    trials += [{"seed": base_seed + 101 + k, "distribution": d} for k, d in enumerate(cfg.correctness.distributions)]
+    timing_seed = base_seed + 1001
+    checked = sorted(rng.sample(range(cfg.timing.iterations), cfg.correctness.timed_checks))
+    rec.seeds = json.dumps({"init": init_seed, "trials": trials, "timing": timing_seed, "timed_checks": checked})
+    setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
+             "device": cfg.backend}
+    with SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend) as ref:
+        try:
+            ref.request(setup)
+        except SandboxError as e:
+            rec.fail("load", f"reference: {e.reason}", "error")
+            return
+        with SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable) as cand:
+            rec.isolation = json.dumps(cand.isolation)
+            stage = "load"
+            try:
+                cand.request({**setup, "program": "candidate", "model_file": str(model_file),
+                              "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
+                                         "require_custom_kernel": cfg.policy.require_custom_kernel}})
+                if candidate.kind == SINGLE_FILE:
+                    rec.compiled = True
+                stage = "correctness"
+                dtypes = _check_correctness(rec, ref, cand, trials, cfg)
+                if rec.failed_stage:
+                    return
+                stage = "timing"
+                _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes)
+                if rec.failed_stage:
+                    return
+            except SandboxError as e:
+                _fail_from_sandbox(rec, stage, e, candidate)
+                return
+    try:
+        baselines = get_baselines(task, cfg, init_seed)
+    except SandboxError as e:
+        rec.fail("baseline", f"baseline failed: {e.reason}", "error")
+        return
+    eager = baselines["eager"].stats
+    compiled = min((b.stats for name, b in baselines.items() if name.startswith("compile")),
+                   key=lambda s: s.median_ms)
+    rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
+    rec.compile_ms, rec.compile_cv = compiled.median_ms, compiled.cv
+    rec.baseline_cached = all(b.cached for b in baselines.values())
+    rec.speedup_eager = rec.eager_ms / rec.candidate_ms
+    rec.speedup_compile = rec.compile_ms / rec.candidate_ms
+    rec.reward = compute_reward(True, rec.speedup_eager, rec.speedup_compile, cfg.reward)
+
+
+def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: Path):
+    """Workdir: build kernels now, outside the sandbox's reach. Single file: load_inline builds on import."""
+    cache = cfg.cache_path()
+    if candidate.kind == SINGLE_FILE:
+        ext_dir = cache / "torch_extensions" / candidate.sha256[:32]
+        ext_dir.mkdir(parents=True, exist_ok=True)
+        return {"TORCH_EXTENSIONS_DIR": str(ext_dir), "MAX_JOBS": str(max(1, len(_cpus())))}, [ext_dir]
+    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, tuple(cfg.compile.link_libraries))
+    result = compile_workdir(cand_dir, toolchain, cache, timeout=cfg.compile.timeout_s)
+    rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
+    if not result.ok:
+        rec.fail("compile", _first_error(result.log))
+        return {}, []
+    rec.compiled = True
+    return {"HPC_KERNEL_LIBRARY": str(result.library)}, []
+
+
+def _cpus() -> set:
+    import os
+
+    return os.sched_getaffinity(0)
+
+
+def _first_error(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return "compile error: " + ((errors or lines or ["compiler failed"])[0])[:300]
+
+
+def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: Candidate) -> None:
+    if e.kind == "policy":
+        rec.fail(stage, f"policy: {e.reason}")
+    elif e.kind == "task":
+        rec.fail("load", e.reason, "error")
+    elif e.kind == "harness":
+        rec.fail(stage, e.reason, "error")
+    elif stage == "load" and candidate.kind == SINGLE_FILE and _BUILD_FAILED in e.reason:
+        rec.fail("compile", f"load_inline: {e.reason}")
+    else:
+        rec.fail(stage, e.reason if e.kind != "crash" else f"candidate process {e.reason}")
+
+
+def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, trials: list,
+                       cfg: EvalConfig) -> list:
+    """One trial at a time, so at most one trial's outputs are held here at once."""
+    dtypes: list = []
+    for k, trial in enumerate(trials):
+        expected = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+        got = cand.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+        cmp = compare_outputs(expected, got, cfg.correctness)
+        rec.max_abs_error = max(cmp.max_abs_error, 0.0 if k == 0 else rec.max_abs_error)
+        rec.max_rel_error = max(cmp.max_rel_error, 0.0 if k == 0 else rec.max_rel_error)
+        rec.trials = k + 1
+        if not cmp.ok:
+            rec.fail("correctness", f"trial {k} (seed {trial['seed']}, {trial['distribution']} inputs): {cmp.reason}")
+            return dtypes
+        dtypes = [t.dtype for t in expected]
+    rec.correct = True
+    return dtypes
+
+
+def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, cfg: EvalConfig,
+                    seed: int, checked: list[int], dtypes: list) -> None:
+    t = cfg.timing
+    reply = cand.request(timing_request(cfg, seed))
+    times = reply.get("times_ms")
+    if not isinstance(times, list) or len(times) != t.iterations or not all(
+            isinstance(x, float) and x > 0 for x in times):
+        rec.fail("timing", "malformed timing reply")
+        return
+    rec.candidate_times_ms = times
+    stats = TimingStats.of(times)
+    rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
+        stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
+    if reply.get("timers_intact") is not True:
+        rec.fail("timing", "timer functions were replaced during the run")
+        return
+    prints = reply.get("fingerprints")
+    expected = ref.request({"op": "fingerprints", "seed": seed, "iterations": checked})["fingerprints"]
+    for i, fp in zip(checked, expected):
+        if not isinstance(prints, list) or len(prints) != t.iterations or not compare_fingerprints(
+                fp, prints[i], cfg.correctness, dtypes):
+            rec.correct = False
+            rec.fail("timing", f"output of timed iteration {i} is wrong (stale or cached result?)")
+            return
+    rec.timed_checks = len(checked)
+    flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
+    per_call = []
+    for b in range(t.host_check_blocks):
+        cand.request({"op": "prepare_block", "seed": seed + 7 + b, "size": t.host_check_block_size,
+                      "flush_bytes": flush})
+        start = time.perf_counter()
+        cand.request({"op": "run_block"})
+        per_call.append((time.perf_counter() - start) * 1e3 / t.host_check_block_size)
+    rec.host_check_ms = min(per_call)
+    if rec.candidate_ms < t.host_check_ratio * rec.host_check_ms:
+        rec.fail("timing", f"reported {rec.candidate_ms:.4g} ms per call but the harness clock measured "
+                           f"{rec.host_check_ms:.4g} ms (timer tampering or deferred work)")

@@ -1,0 +1,1 @@
+"""Profiling: the one timing protocol used for candidates and baselines alike."""

@@ -1,0 +1,83 @@
+"""One evaluation record: everything known about one candidate on one task, stage by stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+STAGES = ("static", "compile", "load", "correctness", "timing", "baseline")
+
+
+@dataclass
+class EvalRecord:
+    # what was evaluated
+    task_id: str = ""
+    task_level: int = 0
+    task_sha256: str = ""
+    scale: str = ""
+    candidate_sha256: str = ""
+    candidate_kind: str = ""
+    candidate_path: str = ""
+    candidate_source: str = ""
+    backend: str = ""
+    hardware: str = ""
+    versions: str = ""            # JSON
+    policy: str = ""              # JSON: the library/op policy in force
+    config: str = ""              # JSON: the full evaluation config
+    isolation: str = ""           # JSON: sandbox features that were in force
+    # outcome per stage
+    status: str = "ok"            # ok | failed (candidate's fault) | error (harness or task's fault)
+    failed_stage: str = ""        # one of STAGES, "" when none failed
+    reason: str = ""
+    compiled: bool = False
+    compile_seconds: float = math.nan
+    compile_cached: bool = False
+    compile_log: str = ""
+    correct: bool = False
+    trials: int = 0
+    seeds: str = ""               # JSON: correctness seeds and distributions, timing seed
+    max_abs_error: float = math.nan
+    max_rel_error: float = math.nan
+    timed_checks: int = 0
+    # timing (milliseconds)
+    candidate_ms: float = math.nan
+    candidate_iqr_ms: float = math.nan
+    candidate_cv: float = math.nan
+    candidate_noise: float = math.nan
+    host_check_ms: float = math.nan
+    eager_ms: float = math.nan
+    eager_cv: float = math.nan
+    compile_ms: float = math.nan
+    compile_cv: float = math.nan
+    baseline_cached: bool = False
+    speedup_eager: float = math.nan
+    speedup_compile: float = math.nan
+    reward: float = math.nan
+    reward_kind: str = ""
+    candidate_times_ms: list[float] = field(default_factory=list)
+    timestamp: float = 0.0
+    wall_seconds: float = 0.0
+
+    def fail(self, stage: str, reason: str, status: str = "failed") -> "EvalRecord":
+        assert stage in STAGES
+        self.status, self.failed_stage, self.reason = status, stage, reason
+        return self
+
+    def summary(self) -> dict:
+        """The CLI's --json object: the contract fields first, then the rest except bulky ones."""
+        out = {"compiled": self.compiled, "correct": self.correct, "reward": _num(self.reward),
+               "speedup_eager": _num(self.speedup_eager), "speedup_compile": _num(self.speedup_compile),
+               "reason": self.reason}
+        for f in dataclasses.fields(self):
+            if f.name not in out and f.name not in ("candidate_source", "candidate_times_ms", "config"):
+                value = getattr(self, f.name)
+                out[f.name] = _num(value) if isinstance(value, float) else value
+        return out
+
+
+def _num(x: float):
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+FIELDS = [f for f in dataclasses.fields(EvalRecord)]

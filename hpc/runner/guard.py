@@ -1,0 +1,79 @@
+"""Runtime policy for a candidate's forward: what it may call, and proof that its own code ran.
+
+Inside `ModelNew.forward` a candidate may allocate, take views, copy memory and call its own
+kernels. Every other aten op (matmul, add, softmax...) means torch did the work: a violation.
+A forward that calls none of its own kernels, starts threads, mutates its inputs or returns
+anything but plain tensors fails too. Each failure carries a named reason.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hpc.runner.inputs import as_tuple
+
+ALLOWED_OPS = frozenset("""
+empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like
+new_ones full full_like new_full fill_ zero_ scalar_tensor arange
+view _unsafe_view reshape as_strided t transpose permute expand squeeze unsqueeze slice select split
+split_with_sizes unbind chunk narrow detach alias view_as flatten unflatten movedim
+contiguous clone copy_ _to_copy lift_fresh resize_ set_
+is_contiguous size stride dim numel sym_size sym_stride sym_numel sym_storage_offset
+_local_scalar_dense item is_same_size
+""".split())
+
+
+class PolicyViolation(Exception):
+    """The candidate broke the evaluation policy; the message is the recorded reason."""
+
+
+class _OpAllowlist(TorchDispatchMode):
+    def __init__(self, allowed: frozenset[str]):
+        super().__init__()
+        self.allowed = allowed
+        self.violation: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in self.allowed and self.violation is None:
+            self.violation = f"torch op aten.{name} inside ModelNew.forward (torch must not do the work)"
+        return func(*args, **(kwargs or {}))
+
+
+class ForwardGuard:
+    """Wraps a candidate model so every forward call is checked against the policy."""
+
+    def __init__(self, model: torch.nn.Module, extra_allowed: list[str], require_custom_kernel: bool,
+                 launch_counter):
+        self.model = model
+        self.allowed = ALLOWED_OPS | frozenset(extra_allowed)
+        self.require_custom_kernel = require_custom_kernel
+        self.launch_counter = launch_counter
+
+    def __call__(self, inputs: list, check_inputs: bool = False):
+        before = [x.clone() for x in inputs if isinstance(x, torch.Tensor)] if check_inputs else None
+        threads = threading.active_count()
+        launches = self.launch_counter()
+        mode = _OpAllowlist(self.allowed)
+        with mode:
+            out = self.model(*inputs)
+        if mode.violation:
+            raise PolicyViolation(mode.violation)
+        if threading.active_count() > threads:
+            raise PolicyViolation("forward started a thread that outlives the call")
+        if self.require_custom_kernel and self.launch_counter() == launches:
+            raise PolicyViolation("forward called none of the candidate's own kernels")
+        for i, t in enumerate(as_tuple(out)):
+            if type(t) is not torch.Tensor:
+                raise PolicyViolation(f"output {i} is a {type(t).__module__}.{type(t).__name__}, "
+                                      "not a plain torch.Tensor")
+        if before is not None:
+            after = [x for x in inputs if isinstance(x, torch.Tensor)]
+            for i, (a, b) in enumerate(zip(before, after)):
+                if not torch.equal(a, b) and not (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                                  and torch.equal(a.nan_to_num(), b.nan_to_num())):
+                    raise PolicyViolation(f"forward modified its input {i} in place")
+        return out

@@ -1,0 +1,171 @@
+"""The roles a sandboxed worker plays. Each answers the harness's messages (see hpc.sandbox.protocol).
+
+reference: the task's Model; computes outputs for given seeds (the harness keeps them).
+program:   something timed under the protocol: the candidate's ModelNew (guarded by the
+           policy), eager Model, or torch.compile(Model).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hpc.profile.timing import CacheFlusher, run_block, synchronize, time_calls, timers_intact
+from hpc.runner.guard import ForwardGuard, PolicyViolation
+from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
+from hpc.task import load_task_module
+
+
+class WorkerError(Exception):
+    """Reported to the harness as {"error": message, "kind": kind}."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise WorkerError("backend cuda requested but no CUDA device is visible", "harness")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _to_host(output, device: torch.device) -> list:
+    synchronize(device)
+    return [t.detach().to("cpu") if isinstance(t, torch.Tensor) else t for t in as_tuple(output)]
+
+
+class _Worker:
+    def setup(self, msg: dict) -> dict:
+        self.device = _device(msg["device"])
+        try:
+            self.task = load_task_module(msg["task"], msg["scale"])
+        except Exception as e:
+            raise WorkerError(f"task failed to load: {type(e).__name__}: {e}", "task") from None
+        self.init_seed = int(msg["init_seed"])
+        return {}
+
+    def base_inputs(self, seed: int) -> list:
+        return make_inputs(self.task, seed, "default", self.device)
+
+
+class ReferenceWorker(_Worker):
+    def setup(self, msg: dict) -> dict:
+        super().setup(msg)
+        try:
+            self.model = init_model(self.task.Model, self.task, self.init_seed, self.device)
+        except Exception as e:
+            raise WorkerError(f"task Model failed to build: {type(e).__name__}: {e}", "task") from None
+        return {"ok": True}
+
+    def outputs(self, msg: dict) -> dict:
+        results = []
+        for trial in msg["trials"]:
+            inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
+            results.append(_to_host(self.model(*inputs), self.device))
+        return {"outputs": results}
+
+    def fingerprints(self, msg: dict) -> dict:
+        base = self.base_inputs(msg["seed"])
+        prints = [fingerprint(self.model(*timed_inputs(base, i))) for i in msg["iterations"]]
+        return {"fingerprints": prints}
+
+
+class ProgramWorker(_Worker):
+    """Candidate, eager or compiled model under the timing protocol."""
+
+    def setup(self, msg: dict) -> dict:
+        super().setup(msg)
+        t0 = time.monotonic()
+        program = msg["program"]
+        if program == "candidate":
+            self.call = self._load_candidate(msg)
+        else:
+            model = init_model(self.task.Model, self.task, self.init_seed, self.device)
+            if program == "compile":
+                model = torch.compile(model, mode=None if msg.get("mode", "default") == "default" else msg["mode"])
+            self.call = lambda inputs: model(*inputs)
+        return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
+
+    def _load_candidate(self, msg: dict):
+        from hpc import runtime
+
+        runtime.count_extension_calls()
+        path = Path(msg["model_file"])
+        sys.path.insert(0, str(path.parent))
+        try:
+            spec = importlib.util.spec_from_file_location("model_new", str(path))
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["model_new"] = module
+            spec.loader.exec_module(module)
+            torch.manual_seed(self.init_seed)
+            model = module.ModelNew(*self.task.get_init_inputs()).to(self.device).eval()
+        except Exception as e:
+            raise WorkerError(f"candidate failed to load: {type(e).__name__}: {e}", "load") from None
+        reference = init_model(self.task.Model, self.task, self.init_seed, self.device)
+        own = model.state_dict()
+        matched = {k: v for k, v in reference.state_dict().items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(matched, strict=False)
+        self.load_info = {"weights_loaded": len(matched), "weights_total": len(reference.state_dict())}
+        del reference
+        guard = ForwardGuard(model, msg["policy"]["allowed_torch_ops"], msg["policy"]["require_custom_kernel"],
+                             runtime.launch_count)
+        self.check_inputs_call = lambda inputs: guard(inputs, check_inputs=True)
+        return guard
+
+    def outputs(self, msg: dict) -> dict:
+        call = getattr(self, "check_inputs_call", self.call)
+        results = []
+        for trial in msg["trials"]:
+            inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
+            results.append(_to_host(call(inputs), self.device))
+        return {"outputs": results}
+
+    def time(self, msg: dict) -> dict:
+        base = self.base_inputs(msg["seed"])
+        prints: list[torch.Tensor] = []
+        times = time_calls(self.call, lambda i: timed_inputs(base, i), self.device, msg["warmup"],
+                           msg["iterations"], msg["flush_bytes"],
+                           after_call=lambda i, out: prints.append(fingerprint(out)))
+        return {"times_ms": times, "fingerprints": prints, "timers_intact": timers_intact()}
+
+    def prepare_block(self, msg: dict) -> dict:
+        base = self.base_inputs(msg["seed"])
+        self.block = [timed_inputs(base, 10_000 + j) for j in range(msg["size"])]
+        CacheFlusher(self.device, msg["flush_bytes"])()
+        synchronize(self.device)
+        return {"ok": True}
+
+    def run_block(self, msg: dict) -> dict:
+        run_block(self.call, self.block, self.device)
+        return {"ok": True}
+
+
+ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
+
+
+def dispatch(worker: _Worker, msg: dict) -> dict:
+    op = msg.get("op")
+    handler = getattr(worker, op, None) if op in ("setup", "outputs", "fingerprints", "time", "prepare_block",
+                                                   "run_block") else None
+    if handler is None:
+        raise WorkerError(f"unknown op {op!r}", "harness")
+    try:
+        return handler(msg)
+    except (WorkerError, PolicyViolation):
+        raise
+    except torch.cuda.OutOfMemoryError as e:
+        raise WorkerError(f"CUDA out of memory: {str(e).splitlines()[0]}", "runtime") from None
+    except MemoryError:
+        raise WorkerError("out of memory (address-space limit)", "runtime") from None
+    except Exception as e:
+        raise WorkerError(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                          "runtime") from None

@@ -1,0 +1,87 @@
+"""Evaluate a folder of candidates against a folder of tasks and summarize.
+
+Candidates are matched to tasks by task id: for task `level1/03_softmax` the candidate is
+`<candidates>/level1/03_softmax/` (a workdir) or `<candidates>/level1/03_softmax.py` (single
+file). A task without a candidate is recorded as missing (reward -1) so rates are over ALL tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+from hpc.candidate import load_candidate
+from hpc.config import EvalConfig
+from hpc.pipeline import evaluate
+from hpc.results.record import EvalRecord
+from hpc.task import Task
+
+
+def find_candidate(task: Task, root: Path) -> Path | None:
+    rel = Path(task.task_id)
+    for path in (root / rel, root / rel.with_suffix(".py")):
+        if path.exists():
+            return path
+    return None
+
+
+def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
+                   on_record: Callable[[EvalRecord], None] | None = None) -> list[EvalRecord]:
+    records = []
+    for i, task in enumerate(tasks):
+        path = find_candidate(task, candidates_root)
+        if path is None:
+            rec = EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
+                             backend=cfg.backend, reward=cfg.reward.incorrect, reward_kind=cfg.reward.kind)
+            rec.fail("static", f"no candidate for {task.task_id} under {candidates_root}")
+        else:
+            rec = evaluate(task, load_candidate(path), cfg)
+        print(f"[{i + 1}/{len(tasks)}] {task.task_id}: {_status(rec)}", file=sys.stderr, flush=True)
+        if on_record is not None:
+            on_record(rec)
+        records.append(rec)
+    return records
+
+
+def _status(rec: EvalRecord) -> str:
+    if rec.failed_stage:
+        return f"{rec.status} at {rec.failed_stage}: {rec.reason}"
+    return f"reward {rec.reward:g}, {rec.speedup_eager:.2f}x eager, {rec.speedup_compile:.2f}x compile"
+
+
+def _fmt(x: float, spec: str = ".3f") -> str:
+    return "-" if isinstance(x, float) and math.isnan(x) else format(x, spec)
+
+
+def summary_table(records: list[EvalRecord]) -> str:
+    """Per-task rows, then per-level and overall: pass rate, faster-than rates, geomean speedups."""
+    head = f"{'task':<36} {'reward':>6} {'cand ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} " \
+           f"{'vs compile':>10}  status"
+    lines = [head, "-" * len(head)]
+    for r in records:
+        status = "ok" if not r.failed_stage else f"{r.failed_stage}: {r.reason}"[:60]
+        lines.append(f"{r.task_id:<36} {_fmt(r.reward, 'g'):>6} {_fmt(r.candidate_ms):>9} {_fmt(r.eager_ms):>9} "
+                     f"{_fmt(r.compile_ms):>10} {_fmt(r.speedup_eager, '.2f'):>8} {_fmt(r.speedup_compile, '.2f'):>10}"
+                     f"  {status}")
+    lines.append("")
+    levels = sorted({r.task_level for r in records})
+    groups = [(f"level {lv}", [r for r in records if r.task_level == lv]) for lv in levels] + [("all", records)]
+    lines.append(f"{'group':<10} {'n':>3} {'correct':>8} {'>eager':>7} {'>compile':>9} {'geo vs eager':>13} "
+                 f"{'geo vs compile':>15} {'mean reward':>12}")
+    for name, group in groups:
+        n = len(group)
+        ok = [r for r in group if r.correct and not r.failed_stage]
+        lines.append(f"{name:<10} {n:>3} {len(ok) / n:>8.0%} "
+                     f"{sum(r.speedup_eager > 1.05 for r in ok) / n:>7.0%} "
+                     f"{sum(r.speedup_compile > 1.05 for r in ok) / n:>9.0%} "
+                     f"{_fmt(geomean([r.speedup_eager for r in ok]), '.2f'):>13} "
+                     f"{_fmt(geomean([r.speedup_compile for r in ok]), '.2f'):>15} "
+                     f"{sum(r.reward for r in group) / n:>12.2f}")
+    return "\n".join(lines)
+
+
+def geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan

@@ -1,0 +1,1 @@
+"""Verification: static policy checks of candidate source, and comparison of outputs."""

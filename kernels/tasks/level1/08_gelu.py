@@ -1,0 +1,27 @@
+"""GELU activation (exact erf form), elementwise."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return F.gelu(x)
+
+
+batch_size = 32768
+dim = 32768
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+
+
+SCALES = {"cpu": {"batch_size": 2048, "dim": 4096}}

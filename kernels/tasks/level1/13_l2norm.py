@@ -1,0 +1,26 @@
+"""L2 normalization of each row: x / ||x||_2 over the last dimension."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return x / torch.norm(x, p=2, dim=-1, keepdim=True)
+
+
+batch_size = 32768
+dim = 16384
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+
+
+SCALES = {"cpu": {"batch_size": 4096, "dim": 2048}}
