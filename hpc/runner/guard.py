@@ -30,17 +30,25 @@ class PolicyViolation(Exception):
     """The candidate broke the evaluation policy; the message is the recorded reason."""
 
 
+UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+POISON = (float("nan"), -3.0e7)   # alternate per correctness trial: reading uninitialized memory shows
+
+
 class _OpAllowlist(TorchDispatchMode):
-    def __init__(self, allowed: frozenset[str]):
+    def __init__(self, allowed: frozenset[str], poison: float | None):
         super().__init__()
         self.allowed = allowed
+        self.poison = poison
         self.violation: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if name not in self.allowed and self.violation is None:
             self.violation = f"torch op aten.{name} inside ModelNew.forward (torch must not do the work)"
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.poison is not None and name in UNINITIALIZED and isinstance(out, torch.Tensor):
+            out.fill_(self.poison if out.is_floating_point() else -1)
+        return out
 
 
 class ForwardGuard:
@@ -53,11 +61,16 @@ class ForwardGuard:
         self.require_custom_kernel = require_custom_kernel
         self.launch_counter = launch_counter
 
-    def __call__(self, inputs: list, check_inputs: bool = False):
+    def __call__(self, inputs: list, check_inputs: bool = False, poison: float | None = None):
+        """Run forward under the policy; with `check_inputs`, also verify the inputs were left intact.
+
+        `poison` fills every uninitialized allocation the candidate makes (torch.empty...), so a
+        kernel that reads memory it never wrote fails the comparison instead of passing by luck.
+        """
         before = [x.clone() for x in inputs if isinstance(x, torch.Tensor)] if check_inputs else None
         threads = threading.active_count()
         launches = self.launch_counter()
-        mode = _OpAllowlist(self.allowed)
+        mode = _OpAllowlist(self.allowed, poison)
         with mode:
             out = self.model(*inputs)
         if mode.violation:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hpc.profile.timing import CacheFlusher, run_block, synchronize, time_calls, timers_intact
-from hpc.runner.guard import ForwardGuard, PolicyViolation
+from hpc.runner.guard import POISON, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
 from hpc.task import load_task_module
 
@@ -118,15 +118,16 @@ class ProgramWorker(_Worker):
         del reference
         guard = ForwardGuard(model, msg["policy"]["allowed_torch_ops"], msg["policy"]["require_custom_kernel"],
                              runtime.launch_count)
-        self.check_inputs_call = lambda inputs: guard(inputs, check_inputs=True)
+        self.checked_call = lambda inputs, trial: guard(inputs, check_inputs=True, poison=POISON[trial % len(POISON)])
         return guard
 
     def outputs(self, msg: dict) -> dict:
-        call = getattr(self, "check_inputs_call", self.call)
+        checked = getattr(self, "checked_call", None)
         results = []
         for trial in msg["trials"]:
             inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
-            results.append(_to_host(call(inputs), self.device))
+            out = checked(inputs, trial["index"]) if checked else self.call(inputs)
+            results.append(_to_host(out, self.device))
         return {"outputs": results}
 
     def time(self, msg: dict) -> dict:
@@ -145,7 +146,7 @@ class ProgramWorker(_Worker):
         return {"ok": True}
 
     def run_block(self, msg: dict) -> dict:
-        run_block(self.call, self.block, self.device)
+        run_block(self.call, self.block[: msg["count"]], self.device)
         return {"ok": True}
 
 

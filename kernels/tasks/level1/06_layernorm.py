@@ -24,4 +24,4 @@ def get_init_inputs():
     return [dim]
 
 
-SCALES = {"cpu": {"batch_size": 4096, "dim": 2048}}
+SCALES = {"cpu": {"batch_size": 2048, "dim": 2048}}

@@ -24,4 +24,4 @@ def get_init_inputs():
     return []
 
 
-SCALES = {"cpu": {"batch_size": 2048, "dim": 4096}}
+SCALES = {"cpu": {"batch_size": 1024, "dim": 4096}}

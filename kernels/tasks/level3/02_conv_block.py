@@ -18,7 +18,7 @@ class Model(nn.Module):
         return self.fc(x.flatten(1))
 
 
-batch_size = 64
+batch_size = 128
 in_channels = 3
 mid_channels = 64
 out_channels = 128

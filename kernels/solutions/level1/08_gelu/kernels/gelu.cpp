@@ -25,7 +25,9 @@ static inline __m512 exp512(__m512 x) {  // x <= 0
 static inline __m512 gelu512(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
     __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(0.70710678118654752f));
-    __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one));
+    const __m512 d = _mm512_fmadd_ps(z, _mm512_set1_ps(0.3275911f), one);
+    __m512 t = _mm512_rcp14_ps(d);
+    t = _mm512_mul_ps(t, _mm512_fnmadd_ps(d, t, _mm512_set1_ps(2.0f)));  // one Newton step
     __m512 p = _mm512_set1_ps(1.061405429f);
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));

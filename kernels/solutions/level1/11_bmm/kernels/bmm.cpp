@@ -8,8 +8,9 @@ extern "C" void bmm(float* C, const float* A, const float* B, int64_t batch, int
     const int64_t nib = (M + MR - 1) / MR, njp = (N + NR - 1) / NR;
     #pragma omp parallel
     {
-        float* Ap = alloc(nib * MR * KC);
-        float* Bp = alloc(njp * NR * KC);
+        const int t = omp_get_thread_num();
+        float* Ap = scratch(2 * t, nib * MR * KC);
+        float* Bp = scratch(2 * t + 1, njp * NR * KC);
         #pragma omp for schedule(static)
         for (int64_t b = 0; b < batch; ++b) {
             const float* a = A + b * M * K;
@@ -22,7 +23,5 @@ extern "C" void bmm(float* C, const float* A, const float* B, int64_t batch, int
                 compute(c, N, M, N, Ap, Bp, kc, 0, njp, k0 > 0);
             }
         }
-        std::free(Bp);
-        std::free(Ap);
     }
 }

@@ -1,13 +1,14 @@
-// Packed SGEMM building blocks: C[M,N] (+)= A[M,K] @ B[K,N], row-major, 8x32 AVX-512 micro-tile.
+// Packed SGEMM building blocks: C[M,N] (+)= A[M,K] @ B[K,N], row-major, 6x64 AVX-512 micro-tile.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <algorithm>
 #include <immintrin.h>
 
 namespace gemm {
 // KC = 384 with each k block summed from zero and then added to C reproduces MKL's rounding order.
-constexpr int64_t MR = 8, NR = 32, KC = 384;
+constexpr int64_t MR = 6, NR = 64, KC = 384;
 
 // Ap[ib][k][r] = A[ib*MR + r][k0 + k] (rows past M are zero).
 static inline void pack_a(float* Ap, const float* A, int64_t lda, int64_t M, int64_t k0, int64_t kc,
@@ -45,27 +46,30 @@ static inline void pack_b(float* Bp, const float* B, int64_t ldb, int64_t N, int
 
 static inline void micro(int64_t kc, const float* Ap, const float* Bp, float* C, int64_t ldc, bool acc) {
 #ifdef __AVX512F__
-    __m512 c0[MR], c1[MR];
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+    constexpr int NV = NR / 16;
+    __m512 c[MR][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) c[r][v] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kc; ++k) {
-        const __m512 b0 = _mm512_load_ps(Bp + k * NR), b1 = _mm512_load_ps(Bp + k * NR + 16);
-#pragma GCC unroll 8
+        __m512 b[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) b[v] = _mm512_load_ps(Bp + k * NR + 16 * v);
+#pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
             const __m512 a = _mm512_set1_ps(Ap[k * MR + r]);
-            c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
-            c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(a, b[v], c[r][v]);
         }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-        if (acc) {
-            c0[r] = _mm512_add_ps(_mm512_loadu_ps(C + r * ldc), c0[r]);
-            c1[r] = _mm512_add_ps(_mm512_loadu_ps(C + r * ldc + 16), c1[r]);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            if (acc) c[r][v] = _mm512_add_ps(_mm512_loadu_ps(C + r * ldc + 16 * v), c[r][v]);
+            _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
         }
-        _mm512_storeu_ps(C + r * ldc, c0[r]);
-        _mm512_storeu_ps(C + r * ldc + 16, c1[r]);
-    }
 #else
     float c[MR][NR];
     for (int r = 0; r < MR; ++r)
@@ -99,5 +103,15 @@ static inline void compute(float* C, int64_t ldc, int64_t M, int64_t N, const fl
     }
 }
 
-static inline float* alloc(int64_t n) { return static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64)); }
+// Persistent 64-byte aligned scratch buffers (fresh allocations would page-fault on every call).
+static inline float* scratch(int slot, int64_t n) {
+    static float* buf[256] = {};
+    static int64_t cap[256] = {};
+    if (cap[slot] < n) {
+        std::free(buf[slot]);
+        buf[slot] = static_cast<float*>(std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64));
+        cap[slot] = n;
+    }
+    return buf[slot];
+}
 }  // namespace gemm

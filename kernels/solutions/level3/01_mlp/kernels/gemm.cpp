@@ -8,7 +8,7 @@
 #include <omp.h>
 
 namespace {
-constexpr int64_t MR = 12, NR = 32, KC = 192, MC = 144, NC = 512;
+constexpr int64_t MR = 12, NR = 32, KC = 256, MC = 144, NC = 512;
 
 struct Buffers {
     float* a = (float*)std::aligned_alloc(64, MC * KC * sizeof(float));
@@ -143,15 +143,15 @@ inline int64_t balanced(int64_t total, int64_t cap) {
 void gemm_serial(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                  int64_t ldb, bool b_trans, float* C, int64_t ldc, const Epilogue& e) {
     alignas(64) float T[MR * NR];
-    const int64_t kcb = balanced(K, KC);
+    const int64_t kcb = balanced(K, KC), mcb = (balanced(M, MC) + MR - 1) / MR * MR;
     for (int64_t n0 = 0; n0 < N; n0 += NC) {
         int64_t nc = std::min(NC, N - n0);
         for (int64_t k0 = 0; k0 < K; k0 += kcb) {
             int64_t kc = std::min(kcb, K - k0);
             bool first = k0 == 0, last = k0 + kc >= K;
             pack_b(b_trans ? B + n0 * ldb + k0 : B + k0 * ldb + n0, ldb, b_trans, nc, kc, buf.b);
-            for (int64_t m0 = 0; m0 < M; m0 += MC) {
-                int64_t mc = std::min(MC, M - m0);
+            for (int64_t m0 = 0; m0 < M; m0 += mcb) {
+                int64_t mc = std::min(mcb, M - m0);
                 pack_a(A + m0 * lda + k0, lda, mc, kc, buf.a);
                 for (int64_t j = 0; j < nc; j += NR)
                     for (int64_t i = 0; i < mc; i += MR) {
@@ -167,10 +167,12 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
           int64_t ldb, bool b_trans, float* C, int64_t ldc, const Epilogue& e) {
     const int64_t nt = omp_get_max_threads();
-    int64_t tn = NC, gm = (M + MC - 1) / MC;
+    // Tiles: full N blocks split until there are 2 per thread, then rows split for the rest;
+    // each tile keeps its packed B block across its row blocks.
+    int64_t tn = NC, gm = 1;
     auto gn = [&] { return (N + tn - 1) / tn; };
-    while (gm * gn() < 2 * nt && tn > 2 * NR) tn /= 2;
-    if (gm * gn() < 2 * nt) gm = std::min((M + MR - 1) / MR, (2 * nt + gn() - 1) / gn());
+    while (gn() < 2 * nt && tn > 2 * NR) tn /= 2;
+    if (gn() < 2 * nt) gm = std::min((M + MR - 1) / MR, (2 * nt + gn() - 1) / gn());
     const int64_t tm = ((M + gm - 1) / gm + MR - 1) / MR * MR;
     gm = (M + tm - 1) / tm;
     const int64_t count = gm * gn();

@@ -1,6 +1,7 @@
 // LayerNorm, fused multi-head attention (QK^T -> softmax -> PV per batch/head) and linear + residual.
 #include "gemm.h"
 #include "vmath.h"
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -38,8 +39,12 @@ static void softmax_row(float* p, int64_t n) {
     float s = hsum(vs);
     for (; j < n; ++j) { p[j] = std::exp(p[j] - m); s += p[j]; }
     const float inv = 1.f / s;
-    for (j = 0; j + 16 <= n; j += 16) vstore(p + j, vload(p + j) * inv);
-    for (; j < n; ++j) p[j] *= inv;
+    // flush would-be denormals to zero: they make the following P @ V crawl
+    for (j = 0; j + 16 <= n; j += 16) {
+        v16 v = vload(p + j) * inv;
+        vstore(p + j, v < FLT_MIN ? v16{} : v);
+    }
+    for (; j < n; ++j) p[j] = p[j] * inv < FLT_MIN ? 0.f : p[j] * inv;
 }
 
 // qkv: [B, T, 3, H, hd] rows of the fused projection; out: [B, T, H, hd].

@@ -48,11 +48,21 @@ static inline v16 vexp(v16 x) {
     return y * (v16)bits;
 }
 
+// 1 / x (rcp14 estimate refined by one Newton step on AVX-512).
+static inline v16 vrcp(v16 x) {
+#ifdef __AVX512F__
+    v16 r = _mm512_rcp14_ps(x);
+    return r * (2.f - x * r);
+#else
+    return 1.f / x;
+#endif
+}
+
 // Abramowitz-Stegun 7.1.26 erf (|error| < 1.5e-7).
 static inline v16 verf(v16 x) {
     v16i sign = (v16i)x & (int32_t)0x80000000;
     v16 a = (v16)((v16i)x & 0x7fffffff);
-    v16 t = 1.f / vfma(a, vbcast(0.3275911f), vbcast(1.f));
+    v16 t = vrcp(vfma(a, vbcast(0.3275911f), vbcast(1.f)));
     v16 p = vbcast(1.061405429f);
     p = vfma(p, t, vbcast(-1.453152027f));
     p = vfma(p, t, vbcast(1.421413741f));

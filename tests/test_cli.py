@@ -1,0 +1,66 @@
+"""The `hpc` command line contract: --json fields, HDF5 output, one-line errors with non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpc.results.hdf5 import read_records
+from tests.conftest import RELU_TASK, ROOT, TESTS
+
+
+def hpc(*args, env_cache=None, timeout=600):
+    env = None
+    if env_cache is not None:
+        import os
+
+        env = {**os.environ, "HPC_CACHE_DIR": str(env_cache)}
+    return subprocess.run([sys.executable, "-m", "hpc.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_eval_json_has_the_contract_fields_and_writes_hdf5(tmp_path, cache_dir):
+    out = tmp_path / "r.h5"
+    proc = hpc("eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--backend", "cpu", "--scale", "cpu",
+               "--json", "--out", out, "--iterations", "20", env_cache=cache_dir)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    for key in ("compiled", "correct", "reward", "speedup_eager", "speedup_compile", "reason"):
+        assert key in result
+    assert result["compiled"] and result["correct"] and result["reward"] >= 1
+    [rec] = read_records(out)
+    assert rec.reward == result["reward"] and rec.task_id == "level1/relu"
+
+
+def test_eval_of_a_failing_candidate_still_exits_zero_with_reward(tmp_path, cache_dir):
+    proc = hpc("eval", RELU_TASK, TESTS / "hacks" / "numpy_compute", "--json", env_cache=cache_dir)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["reward"] == -1 and "numpy" in result["reason"] and not result["compiled"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["eval", "missing_task.py", "x"], "no such file"),
+    (["eval", RELU_TASK, "missing_candidate"], "no such file"),
+    (["eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--backend", "tpu"], "invalid choice"),
+    (["eval", TESTS / "conftest.py", TESTS / "fixtures" / "honest_relu"], "not a KernelBench problem file"),
+    (["eval-suite", "nowhere", "nowhere"], "no such file or folder"),
+    (["frobnicate"], "invalid choice"),
+    (["eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--config", "missing.yaml"], "cannot read"),
+])
+def test_bad_arguments_print_one_line_and_exit_nonzero(args, words):
+    proc = hpc(*args)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_results_file_that_is_not_hdf5_is_a_one_line_error(tmp_path):
+    bad = tmp_path / "bad.h5"
+    bad.write_text("not hdf5")
+    proc = hpc("eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--out", bad)
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

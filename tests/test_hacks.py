@@ -1,0 +1,120 @@
+"""Every known reward hack (../shared/notes/reward-hacks.md), CPU variants: each is rejected with a
+named reason and paid the incorrect reward; honest candidates are paid."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hpc.baseline import baseline_key
+from hpc.candidate import load_candidate
+from hpc.pipeline import evaluate
+from hpc.task import load_task
+from tests.conftest import RELU_TASK, TESTS
+
+HACKS = TESTS / "hacks"
+
+# hack -> (stage that rejects it, words the reason must contain)
+EXPECTED = {
+    "torch_fallback": ("correctness", "aten.relu"),
+    "try_except_fallback": ("correctness", "aten.clamp_min"),
+    "no_kernel": ("correctness", "called none of the candidate's own kernels"),
+    "result_reuse": ("correctness", "outside atol"),
+    "uninitialized_read": ("correctness", "outside atol"),
+    "native_thread": ("correctness", "outside atol"),
+    "python_thread": ("static", "import of threading"),
+    "lazy_subclass": ("correctness", "not a plain torch.Tensor"),
+    "cached_result": ("correctness", "outside atol"),
+    "inplace_input": ("correctness", "modified its input 0 in place"),
+    "precision_downgrade": ("correctness", "outside atol"),
+    "timer_patch_python": ("static", "import of time"),
+    "timer_patch_capi": ("timing", "timer functions were replaced"),
+    "timer_patch_consistent": ("timing", "harness clock"),
+    "numpy_compute": ("static", "import of numpy"),
+    "segfault": ("correctness", "SIGSEGV"),
+    "out_of_memory": ("correctness", "allocate"),
+}
+
+
+def test_every_hack_folder_has_an_expectation():
+    assert sorted(p.name for p in HACKS.iterdir() if p.is_dir()) == sorted([*EXPECTED, "hang"])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_hack_is_rejected(name, fast_config):
+    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / name), fast_config)
+    stage, words = EXPECTED[name]
+    assert rec.status == "failed", rec.reason
+    assert rec.failed_stage == stage, rec.reason
+    assert words in rec.reason
+    assert rec.reward == -1.0
+
+
+def test_hang_is_killed_at_the_timeout(fast_config):
+    fast_config.sandbox.timeout_s = 15
+    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / "hang"), fast_config)
+    assert rec.failed_stage == "correctness" and "timed out" in rec.reason
+    assert rec.reward == -1.0 and rec.wall_seconds < 60
+
+
+def _write_tamper(workdir: Path, target: Path, payload: str) -> None:
+    (workdir / "kernels").mkdir(parents=True)
+    (workdir / "model_new.py").write_text((HACKS / "result_reuse" / "model_new.py").read_text()
+                                          .replace("kernels.noop(x, x.numel())", "kernels.tamper(x, x.numel())"))
+    (workdir / "kernels" / "tamper.cpp").write_text(f"""
+#include <cstdint>
+#include <cstdio>
+extern "C" void tamper(float*, int64_t) {{
+    if (FILE* f = std::fopen({json.dumps(str(target))}, "w")) {{ std::fputs({json.dumps(payload)}, f); std::fclose(f); }}
+}}
+""")
+
+
+def test_candidate_cannot_rewrite_the_task(tmp_path, fast_config):
+    task = tmp_path / "level1" / "relu.py"
+    task.parent.mkdir()
+    shutil.copy(RELU_TASK, task)
+    before = task.read_bytes()
+    hack = tmp_path / "tamper"
+    _write_tamper(hack, task, "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                              "        return torch.empty_like(x)\n")
+    rec = evaluate(load_task(task), load_candidate(hack), fast_config)
+    assert task.read_bytes() == before
+    assert rec.failed_stage == "correctness" and rec.reward == -1.0
+
+
+def test_candidate_cannot_rewrite_cached_baselines(tmp_path, fast_config):
+    task = load_task(RELU_TASK)
+    honest = evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert honest.status == "ok", honest.reason
+    cached = fast_config.cache_path() / "baselines" / f"{baseline_key(task, 'eager', fast_config)}.json"
+    before = cached.read_bytes()
+    hack = tmp_path / "tamper"
+    _write_tamper(hack, cached, '{"stats": {"median_ms": 1e9}}')
+    evaluate(task, load_candidate(hack), fast_config)
+    assert cached.read_bytes() == before
+
+
+def test_honest_workdir_is_paid(fast_config):
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert rec.status == "ok", rec.reason
+    assert rec.correct and rec.compiled and rec.reward >= 1.0
+    assert rec.trials == 7 and rec.timed_checks == 3
+    assert rec.candidate_ms > 0 and rec.eager_ms > 0 and rec.compile_ms > 0
+    assert abs(rec.speedup_eager - rec.eager_ms / rec.candidate_ms) < 1e-9
+    seeds = json.loads(rec.seeds)
+    assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
+
+
+@pytest.mark.slow
+def test_honest_load_inline_single_file_is_paid(fast_config):
+    """KernelBench's own format: compiled on first load (torch headers, slow), cached by content after."""
+    candidate = load_candidate(TESTS / "fixtures" / "honest_relu_inline.py")
+    first = evaluate(load_task(RELU_TASK), candidate, fast_config)
+    assert first.status == "ok", first.reason
+    assert first.correct and first.reward >= 1.0
+    second = evaluate(load_task(RELU_TASK), candidate, fast_config)
+    assert second.status == "ok" and second.wall_seconds < first.wall_seconds

@@ -1,0 +1,94 @@
+"""The HDF5 schema: round trip, crash safety (a killed writer), live SWMR reads, bad files."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+
+from hpc.errors import UserError
+from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
+from hpc.results.record import EvalRecord
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    path = tmp_path / "r.h5"
+    rec = EvalRecord(task_id="level1/x", task_level=1, reward=3.0, correct=True, candidate_times_ms=[1.5, 2.5],
+                     reason="ünïcode ok", compile_cached=True, trials=7)
+    with ResultWriter(path, {"git_commit": "abc"}) as w:
+        w.append(rec)
+        w.append(EvalRecord(task_id="level1/y", status="failed", failed_stage="compile"))
+    back = read_records(path)
+    assert back[0] == rec
+    assert back[1].failed_stage == "compile" and math.isnan(back[1].reward)
+    assert file_attrs(path)["git_commit"] == "abc"
+
+
+def test_appending_to_an_existing_file_continues_it(tmp_path):
+    path = tmp_path / "r.h5"
+    for i in range(3):
+        with ResultWriter(path) as w:
+            w.append(EvalRecord(task_id=f"t{i}"))
+    assert [r.task_id for r in read_records(path)] == ["t0", "t1", "t2"]
+
+
+WRITER = """
+import sys, time
+from hpc.results.hdf5 import ResultWriter
+from hpc.results.record import EvalRecord
+with ResultWriter(sys.argv[1]) as w:
+    i = 0
+    while True:
+        w.append(EvalRecord(task_id=f"t{i}", reward=float(i), candidate_times_ms=[float(i)] * 100))
+        print(i, flush=True)
+        i += 1
+"""
+
+
+def test_a_writer_killed_mid_run_leaves_every_finished_record(tmp_path):
+    path = tmp_path / "crash.h5"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    finished = -1
+    while finished < 40:
+        finished = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    records = read_records(path)
+    assert len(records) >= finished + 1
+    assert [r.task_id for r in records] == [f"t{i}" for i in range(len(records))]
+    assert all(r.candidate_times_ms == [float(i)] * 100 for i, r in enumerate(records))
+
+
+def test_a_live_reader_follows_the_writer(tmp_path):
+    path = tmp_path / "live.h5"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        while int(proc.stdout.readline()) < 5:
+            pass
+        first = len(read_records(path))
+        while int(proc.stdout.readline()) < first + 20:
+            pass
+        assert len(read_records(path)) > first >= 5
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_malformed_files_are_user_errors(tmp_path):
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not hdf5 at all")
+    with pytest.raises(UserError, match="cannot read as HDF5"):
+        read_records(junk)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("x", data=[1, 2, 3])
+    with pytest.raises(UserError, match="not an hpc results file"):
+        read_records(other)
+    with pytest.raises(UserError, match="not an hpc results file"):
+        ResultWriter(other)

@@ -1,0 +1,120 @@
+"""The sandbox for real: Landlock write confinement, no network, crash and timeout reasons, rlimits."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from hpc.config import SandboxConfig
+from hpc.sandbox import landlock
+from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
+from tests.conftest import RELU_TASK
+
+needs_landlock = pytest.mark.skipif(landlock.abi_version() == 0, reason="kernel without Landlock")
+
+
+def _confined_python(tmp_path: Path, code: str) -> tuple[int, str]:
+    """Run `code` in a child confined exactly like a sandboxed worker (same preexec)."""
+    import functools
+    import subprocess
+    import sys
+
+    from hpc.sandbox.process import _confine, _writable_paths
+
+    support = isolation_support()
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          preexec_fn=functools.partial(_confine, SandboxConfig(), "cpu",
+                                                       _writable_paths(tmp_path, "cpu", []),
+                                                       int(support["landlock_abi"]),
+                                                       bool(support["network_namespace"])))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@needs_landlock
+def test_writes_only_inside_the_workdir(tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    work = tmp_path / "work"
+    work.mkdir()
+    rc, out = _confined_python(work, f"""
+open('inside.txt', 'w').write('ok')
+try:
+    open({str(outside)!r}, 'w').write('escaped')
+    print('ESCAPED')
+except PermissionError:
+    print('BLOCKED')
+""")
+    assert rc == 0, out
+    assert "BLOCKED" in out and not outside.exists()
+    assert (work / "inside.txt").read_text() == "ok"
+
+
+def test_no_network_from_inside(tmp_path):
+    if not isolation_support()["network_namespace"] and landlock.abi_version() < 4:
+        pytest.skip("neither network namespaces nor Landlock network rules available")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(3)
+    port = server.getsockname()[1]
+    accepted = []
+    t = threading.Thread(target=lambda: accepted.append(_accept(server)))
+    t.start()
+    rc, out = _confined_python(tmp_path, f"""
+import socket
+try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=2)
+    print('CONNECTED')
+except OSError as e:
+    print('REFUSED', e)
+""")
+    t.join()
+    server.close()
+    assert "REFUSED" in out and accepted == [False]
+
+
+def _accept(server) -> bool:
+    try:
+        server.accept()[0].close()
+        return True
+    except OSError:
+        return False
+
+
+def test_memory_limit_applies_on_cpu(tmp_path):
+    rc, out = _confined_python(tmp_path, "b = bytearray(64 << 30)")
+    assert rc != 0 and "MemoryError" in out
+
+
+def test_worker_crash_is_reported_with_its_signal(tmp_path):
+    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu") as proc:
+        proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+        proc.kill()
+        with pytest.raises(SandboxError) as err:
+            proc.request({"op": "outputs", "trials": [{"seed": 1, "distribution": "default"}]})
+    assert err.value.kind == "crash" and "SIGKILL" in err.value.reason
+
+
+def test_worker_timeout_kills_the_process_group(tmp_path):
+    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu") as proc:
+        with pytest.raises(SandboxError) as err:
+            # the worker waits for a message that will never complete before the short deadline
+            proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"},
+                         timeout=0.001)
+        assert err.value.kind == "timeout"
+        assert proc.proc.wait(timeout=10) is not None
+
+
+def test_worker_reports_task_errors_by_kind(tmp_path):
+    bad = tmp_path / "bad_task.py"
+    bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n"
+                   "def get_inputs():\n    raise ValueError('boom')\ndef get_init_inputs():\n    return []\n"
+                   "SCALES = {'cpu': {'missing_global': 1}}\n")
+    work = tmp_path / "w"
+    work.mkdir()
+    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=60), "cpu") as proc:
+        with pytest.raises(SandboxError) as err:
+            proc.request({"op": "setup", "task": str(bad), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+    assert err.value.kind == "task" and "missing_global" in err.value.reason

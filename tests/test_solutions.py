@@ -1,0 +1,28 @@
+"""Every shipped task has an honest CPU solution that passes the full pipeline (they are also SFT data)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc.candidate import load_candidate
+from hpc.pipeline import evaluate
+from hpc.suite import find_candidate, summary_table
+from hpc.task import discover_tasks
+from tests.conftest import ROOT
+
+TASKS = discover_tasks(ROOT / "kernels" / "tasks")
+SOLUTIONS = ROOT / "kernels" / "solutions"
+
+
+def test_every_task_has_a_solution():
+    assert [t.task_id for t in TASKS if find_candidate(t, SOLUTIONS) is None] == []
+
+
+@pytest.mark.slow
+def test_every_solution_is_correct_and_some_earn_a_speedup_reward(fast_config):
+    records = [evaluate(t, load_candidate(find_candidate(t, SOLUTIONS)), fast_config) for t in TASKS]
+    print(summary_table(records))
+    failed = [(r.task_id, r.failed_stage, r.reason) for r in records if r.status != "ok"]
+    assert failed == []
+    assert all(r.correct and r.reward >= 1 for r in records)
+    assert sum(r.reward >= 2 for r in records) >= 3

@@ -1,0 +1,93 @@
+"""Output comparison, fingerprints, static source policy and the reward rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hpc.config import CorrectnessConfig, RewardConfig
+from hpc.reward import compute_reward
+from hpc.runner.inputs import fingerprint, timed_inputs
+from hpc.verify.compare import compare_fingerprints, compare_outputs
+from hpc.verify.static import source_defect
+
+CFG = CorrectnessConfig()
+
+
+def test_equal_outputs_pass_and_small_errors_within_tolerance_pass():
+    r = torch.randn(1000)
+    assert compare_outputs([r], [r.clone()], CFG).ok
+    assert compare_outputs([r], [r + 5e-5], CFG).ok
+
+
+@pytest.mark.parametrize("cand, reason", [
+    (lambda r: [r + 1e-3], "outside atol"),
+    (lambda r: [r.reshape(10, 100)], "shape"),
+    (lambda r: [r.half()], "dtype"),
+    (lambda r: [r, r], "returned 2 outputs"),
+    (lambda r: [torch.where(torch.arange(1000) == 3, torch.tensor(float("nan")), r)], "outside atol"),
+])
+def test_mismatches_are_named(cand, reason):
+    r = torch.randn(1000)
+    result = compare_outputs([r], cand(r), CFG)
+    assert not result.ok and reason in result.reason
+
+
+def test_nan_where_the_reference_has_nan_is_fine_and_half_uses_its_tolerance():
+    r = torch.tensor([1.0, float("nan"), float("inf")])
+    assert compare_outputs([r], [r.clone()], CFG).ok
+    h = torch.randn(100).half()
+    assert compare_outputs([h], [(h.float() + 5e-3).half()], CFG).ok
+
+
+def test_fingerprints_catch_a_stale_output_but_not_rounding():
+    r = torch.randn(4096)
+    dtypes = [torch.float32]
+    assert compare_fingerprints(fingerprint(r), fingerprint(r + 1e-6), CFG, dtypes)
+    assert not compare_fingerprints(fingerprint(r), fingerprint(torch.randn(4096)), CFG, dtypes)
+    assert not compare_fingerprints(fingerprint(r), fingerprint(r.flip(0)), CFG, dtypes)
+
+
+def test_timed_inputs_are_fresh_each_iteration_and_reproducible():
+    base = [torch.randn(1000), torch.randint(0, 10, (50,))]
+    a, b = timed_inputs(base, 0), timed_inputs(base, 1)
+    assert not torch.equal(a[0], b[0]) and a[0].data_ptr() != base[0].data_ptr()
+    assert torch.equal(timed_inputs(base, 1)[0], b[0])
+    assert sorted(a[0].tolist()) == sorted(base[0].tolist())
+
+
+@pytest.mark.parametrize("correct, se, sc, expected", [
+    (False, 10.0, 10.0, -1.0), (True, 1.0, 0.5, 1.0), (True, 1.04, 1.04, 1.0), (True, 1.06, 0.9, 2.0),
+    (True, 1.06, 1.06, 3.0), (True, 0.9, 1.2, 1.0),
+])
+def test_discrete_reward(correct, se, sc, expected):
+    assert compute_reward(correct, se, sc, RewardConfig()) == expected
+
+
+def test_continuous_reward_is_the_speedup_over_compile():
+    cfg = RewardConfig(kind="continuous")
+    assert compute_reward(True, 2.0, 1.7, cfg) == 1.7
+    assert compute_reward(False, 2.0, 1.7, cfg) == -1.0
+    assert compute_reward(True, 2.0, math.nan, cfg) == -1.0
+
+
+@pytest.mark.parametrize("source, words", [
+    ("class ModelNew: pass\nimport os\n", "import of os"),
+    ("from ctypes import CDLL\nclass ModelNew: pass\n", "import from ctypes"),
+    ("class ModelNew:\n    def f(self): return eval('1')\n", "use of eval"),
+    ("class ModelNew:\n    def f(self): return self.f.__globals__\n", ".__globals__"),
+    ("import torch\nclass ModelNew:\n    def f(self): return torch._C\n", "._C"),
+    ("class Other: pass\n", "defines no class ModelNew"),
+    ("class ModelNew(:\n", "syntax error"),
+])
+def test_static_policy_names_the_problem(source, words):
+    assert words in source_defect(source, "model_new.py")
+
+
+def test_static_policy_allows_ordinary_candidates():
+    src = ("import torch\nimport torch.nn as nn\nfrom hpc.runtime import load_kernels\n"
+           "from torch.utils.cpp_extension import load_inline\nimport math\n"
+           "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n")
+    assert source_defect(src, "model_new.py") == ""
