@@ -124,8 +124,11 @@ class EvalConfig:
             raise UserError("config correctness.timed_checks: must not exceed timing.iterations")
 
 
-# Extra input distributions for correctness trials: how floating-point inputs are transformed.
-DISTRIBUTIONS = {"wide": 8.0, "small": 1.0 / 64}
+# Extra input distributions for correctness trials, applied to floating-point inputs (see
+# hpc.runner.inputs): rescaled by a constant, or multiplied elementwise by a positive heavy-tailed
+# (Pareto, alpha 1.5) factor so that a kernel computing on part of the data shows. All keep signs,
+# so tasks needing positive inputs stay valid.
+DISTRIBUTIONS = {"wide": 8.0, "small": 1.0 / 64, "heavy": "pareto"}
 
 
 def _check_choice(key: str, value: Any, choices: tuple) -> None:

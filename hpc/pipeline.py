@@ -8,6 +8,7 @@ are compared here. Every stage that fails leaves a named reason in the record.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import tempfile
@@ -72,32 +73,32 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     rec.seeds = json.dumps({"init": init_seed, "trials": trials, "timing": timing_seed, "timed_checks": checked})
     setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
              "device": cfg.backend}
-    with SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend) as ref:
+    # Both workers start together: their interpreters and torch imports overlap.
+    with SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend) as ref, \
+            SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable) as cand:
+        rec.isolation = json.dumps(cand.isolation)
         try:
             ref.request(setup)
         except SandboxError as e:
             rec.fail("load", f"reference: {e.reason}", "error")
             return
-        with SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable) as cand:
-            rec.isolation = json.dumps(cand.isolation)
-            stage = "load"
-            try:
-                cand.request({**setup, "program": "candidate", "model_file": str(model_file),
-                              "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
-                                         "require_custom_kernel": cfg.policy.require_custom_kernel}})
-                if candidate.kind == SINGLE_FILE:
-                    rec.compiled = True
-                stage = "correctness"
-                dtypes = _check_correctness(rec, ref, cand, trials, cfg)
-                if rec.failed_stage:
-                    return
-                stage = "timing"
-                _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes)
-                if rec.failed_stage:
-                    return
-            except SandboxError as e:
-                _fail_from_sandbox(rec, stage, e, candidate)
+        stage = "load"
+        try:
+            cand.request({**setup, "program": "candidate", "model_file": str(model_file),
+                          "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
+                                     "require_custom_kernel": cfg.policy.require_custom_kernel}})
+            rec.compiled = True
+            stage = "correctness"
+            dtypes = _check_correctness(rec, ref, cand, trials, cfg)
+            if rec.failed_stage:
                 return
+            stage = "timing"
+            _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes)
+            if rec.failed_stage:
+                return
+        except SandboxError as e:
+            _fail_from_sandbox(rec, stage, e, candidate)
+            return
     try:
         baselines = get_baselines(task, cfg, init_seed)
     except SandboxError as e:
@@ -120,7 +121,7 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
     if candidate.kind == SINGLE_FILE:
         ext_dir = cache / "torch_extensions" / candidate.sha256[:32]
         ext_dir.mkdir(parents=True, exist_ok=True)
-        return {"TORCH_EXTENSIONS_DIR": str(ext_dir), "MAX_JOBS": str(max(1, len(_cpus())))}, [ext_dir]
+        return {"TORCH_EXTENSIONS_DIR": str(ext_dir), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}, [ext_dir]
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, tuple(cfg.compile.link_libraries))
     result = compile_workdir(cand_dir, toolchain, cache, timeout=cfg.compile.timeout_s)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
@@ -129,12 +130,6 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
         return {}, []
     rec.compiled = True
     return {"HPC_KERNEL_LIBRARY": str(result.library)}, []
-
-
-def _cpus() -> set:
-    import os
-
-    return os.sched_getaffinity(0)
 
 
 def _first_error(log: str) -> str:
@@ -160,12 +155,13 @@ def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedPr
                        cfg: EvalConfig) -> list:
     """One trial at a time, so at most one trial's outputs are held here at once."""
     dtypes: list = []
+    rec.max_abs_error = rec.max_rel_error = 0.0
     for k, trial in enumerate(trials):
         expected = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
         got = cand.request({"op": "outputs", "trials": [trial]})["outputs"][0]
         cmp = compare_outputs(expected, got, cfg.correctness)
-        rec.max_abs_error = max(cmp.max_abs_error, 0.0 if k == 0 else rec.max_abs_error)
-        rec.max_rel_error = max(cmp.max_rel_error, 0.0 if k == 0 else rec.max_rel_error)
+        rec.max_abs_error = max(rec.max_abs_error, cmp.max_abs_error)
+        rec.max_rel_error = max(rec.max_rel_error, cmp.max_rel_error)
         rec.trials = k + 1
         if not cmp.ok:
             rec.fail("correctness", f"trial {k} (seed {trial['seed']}, {trial['distribution']} inputs): {cmp.reason}")

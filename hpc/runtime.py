@@ -10,6 +10,7 @@ callable. Arguments convert by Python type: a torch.Tensor passes its data point
 contiguous and on the evaluated device), an int or bool passes int64_t, a float passes double.
 On the cuda backend the current CUDA stream is appended as the last argument (cudaStream_t), so
 every launcher's C signature ends with `cudaStream_t stream`. Functions return void.
+`kernels.device` says which backend was built, for the rare model that must differ between them.
 
 Under the evaluator the library was already compiled outside the sandbox and its path arrives in
 HPC_KERNEL_LIBRARY; run by hand, `load_kernels` compiles the workdir itself (same cache).
@@ -45,6 +46,11 @@ class KernelLibrary:
         self._cdll = ctypes.CDLL(str(path))
         self.calls = 0
         _LOADED.append(self)
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda": where tensors passed to this library's launchers must live."""
+        return self._device_type
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -112,6 +118,11 @@ class CountingExtension:
         self._module = module
         self.calls = 0
         _LOADED.append(self)
+
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda": where tensors passed to this library's launchers must live."""
+        return self._device_type
 
     def __getattr__(self, name: str):
         attr = getattr(self._module, name)

@@ -64,3 +64,11 @@ def test_results_file_that_is_not_hdf5_is_a_one_line_error(tmp_path):
     bad.write_text("not hdf5")
     proc = hpc("eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--out", bad)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_plain_kernelbench_problem_file_evaluates_unmodified(cache_dir):
+    proc = hpc("eval", TESTS / "fixtures" / "kernelbench" / "19_ReLU.py", TESTS / "fixtures" / "honest_relu",
+               "--json", "--iterations", "20", env_cache=cache_dir)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["correct"] and result["reward"] >= 1 and result["task_id"] == "19_ReLU"

@@ -52,7 +52,7 @@ class ResultWriter:
             self.file = h5py.File(self.path, "a", libver="latest")
         except OSError as e:
             raise UserError(f"results {self.path}: cannot open for writing ({e})") from None
-        if GROUP not in self.file:
+        if len(self.file.keys()) == 0 and len(self.file.attrs) == 0:
             group = self.file.create_group(GROUP)
             for f in FIELDS:
                 group.create_dataset(f.name, shape=(0,), maxshape=(None,), dtype=_dtype(f.type), chunks=(64,))
@@ -60,7 +60,11 @@ class ResultWriter:
             self.file.attrs["schema_version"] = SCHEMA_VERSION
             self.file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         else:
-            _check_schema(self.file, self.path)
+            try:
+                _check_schema(self.file, self.path)
+            except UserError:
+                self.file.close()
+                raise
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
         self.group = self.file[GROUP]
@@ -99,19 +103,15 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     """Every complete record of a results file (SWMR-safe while a writer is still appending)."""
     path = Path(path)
-    try:
-        f = h5py.File(path, "r", libver="latest", swmr=True)
-    except OSError as e:
-        raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
-    with f:
-        _check_schema(f, path)
-        group = f[GROUP]
-        n = int(group.attrs["count"])
-        columns = {}
-        for fd in FIELDS:
-            ds = group[fd.name]
-            ds.refresh()
-            columns[fd.name] = ds[:n]
+    for _ in range(20):
+        try:
+            columns, n = _read_columns(path)
+            break
+        except _StaleView:
+            # variable-length data (strings) outran this reader's view of the file: reopen and retry
+            time.sleep(0.05)
+    else:
+        raise UserError(f"results {path}: unreadable while being written (retried 20 times)")
     records = []
     for i in range(n):
         values = {}
@@ -130,6 +130,28 @@ def read_records(path: str | os.PathLike) -> list[EvalRecord]:
             values[fd.name] = v
         records.append(EvalRecord(**values))
     return records
+
+
+class _StaleView(Exception):
+    pass
+
+
+def _read_columns(path: Path) -> tuple[dict, int]:
+    try:
+        f = h5py.File(path, "r", libver="latest", swmr=True)
+    except OSError as e:
+        raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
+    with f:
+        _check_schema(f, path)
+        group = f[GROUP]
+        n = int(group.attrs["count"])
+        columns = {}
+        try:
+            for fd in FIELDS:
+                columns[fd.name] = group[fd.name][:n]
+        except OSError as e:
+            raise _StaleView(str(e)) from None
+    return columns, n
 
 
 def file_attrs(path: str | os.PathLike) -> dict:

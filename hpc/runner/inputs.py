@@ -17,7 +17,10 @@ def make_inputs(task: types.ModuleType, seed: int, distribution: str, device: to
     out = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
-            if factor is not None and x.is_floating_point():
+            if factor == "pareto" and x.is_floating_point():
+                u = torch.rand(x.shape, dtype=torch.float64)
+                x = (x.double() * (1.0 - u).pow(-1.0 / 1.5)).to(x.dtype)
+            elif factor is not None and x.is_floating_point():
                 x = x * factor
             x = x.to(device)
         out.append(x)
