@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,13 +51,13 @@ def load_candidate(path: str | Path) -> Candidate:
         files = {path.name: path.read_bytes()}
         kind = SINGLE_FILE
     elif path.is_dir():
-        if not (path / MODEL_FILE).is_file():
+        if not (path / MODEL_FILE).is_file() or not _inside(path / MODEL_FILE, path):
             raise UserError(f"candidate {path}: workdir has no {MODEL_FILE}")
         files = {MODEL_FILE: (path / MODEL_FILE).read_bytes()}
         kdir = path / "kernels"
         if kdir.is_dir():
             for p in sorted(kdir.iterdir()):
-                if p.is_file() and p.suffix in (*SOURCE_SUFFIX.values(), ".h", ".hpp", ".cuh"):
+                if _inside(p, path) and p.is_file() and p.suffix in (*SOURCE_SUFFIX.values(), ".h", ".hpp", ".cuh"):
                     files[f"kernels/{p.name}"] = p.read_bytes()
         kind = WORKDIR
     else:
@@ -71,5 +70,7 @@ def load_candidate(path: str | Path) -> Candidate:
     return Candidate(path.resolve(), kind, h.hexdigest(), files)
 
 
-def remove_workdir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+def _inside(p: Path, root: Path) -> bool:
+    """False for a link out of the workdir: it would make the harness read files of its choosing."""
+    return p.resolve().is_relative_to(root.resolve())
+

@@ -41,9 +41,8 @@ class TimingConfig:
     flush_cache: bool = True
     flush_bytes_cpu: int = 32 << 20
     flush_bytes_cuda: int = 256 << 20
-    host_check_blocks: int = 5            # parent-clock blocks that bound the reported time
-    host_check_block_size: int = 10
-    host_check_ratio: float = 0.7          # reported median below ratio x host-clock time: rejected
+    host_check_calls: int = 20            # calls timed on the harness's own clock, to bound the reported time
+    host_check_ratio: float = 0.7          # reported median below ratio x the harness clock's median: rejected
 
 
 @dataclass
@@ -111,8 +110,7 @@ class EvalConfig:
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
         positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
-                    "timing.host_check_blocks": self.timing.host_check_blocks,
-                    "timing.host_check_block_size": self.timing.host_check_block_size}
+                    "timing.host_check_calls": self.timing.host_check_calls}
         for key, value in positive.items():
             if value <= 0:
                 raise UserError(f"config {key}: must be > 0, got {value}")

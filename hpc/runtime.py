@@ -119,11 +119,6 @@ class CountingExtension:
         self.calls = 0
         _LOADED.append(self)
 
-    @property
-    def device(self) -> str:
-        """"cpu" or "cuda": where tensors passed to this library's launchers must live."""
-        return self._device_type
-
     def __getattr__(self, name: str):
         attr = getattr(self._module, name)
         if not callable(attr):

@@ -14,6 +14,7 @@ from typing import Callable
 
 from hpc.candidate import load_candidate
 from hpc.config import EvalConfig
+from hpc.errors import UserError
 from hpc.pipeline import evaluate
 from hpc.results.record import EvalRecord
 from hpc.task import Task
@@ -32,12 +33,14 @@ def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
     records = []
     for i, task in enumerate(tasks):
         path = find_candidate(task, candidates_root)
-        if path is None:
-            rec = EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
-                             backend=cfg.backend, reward=cfg.reward.incorrect, reward_kind=cfg.reward.kind)
-            rec.fail("static", f"no candidate for {task.task_id} under {candidates_root}")
-        else:
+        try:
+            if path is None:
+                raise UserError(f"no candidate for {task.task_id} under {candidates_root}")
             rec = evaluate(task, load_candidate(path), cfg)
+        except UserError as e:   # a missing or malformed candidate is one failed record, not a stopped suite
+            rec = EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
+                             backend=cfg.backend, candidate_path=str(path or ""), reward=cfg.reward.incorrect,
+                             reward_kind=cfg.reward.kind).fail("static", str(e))
         print(f"[{i + 1}/{len(tasks)}] {task.task_id}: {_status(rec)}", file=sys.stderr, flush=True)
         if on_record is not None:
             on_record(rec)

@@ -1,5 +1,7 @@
-"""Every known reward hack (../shared/notes/reward-hacks.md), CPU variants: each is rejected with a
-named reason and paid the incorrect reward; honest candidates are paid."""
+"""Every known reward hack (../shared/notes/reward-hacks.md): each is rejected with a named reason
+and paid the incorrect reward; honest candidates are paid. Each hack workdir carries a CPU
+(kernels/*.cpp) and a CUDA (kernels/*.cu) variant; the CUDA cases run where a GPU is visible
+(`scripts/test-gpu.sh`), and skip elsewhere."""
 
 from __future__ import annotations
 
@@ -32,11 +34,20 @@ EXPECTED = {
     "precision_downgrade": ("correctness", "outside atol"),
     "timer_patch_python": ("static", "import of time"),
     "timer_patch_capi": ("timing", "timer functions were replaced"),
-    "timer_patch_consistent": ("timing", "harness clock"),
     "numpy_compute": ("static", "import of numpy"),
     "segfault": ("correctness", "SIGSEGV"),
     "out_of_memory": ("correctness", "allocate"),
 }
+
+
+# Where the CUDA variant of a hack fails differently from its CPU variant.
+CUDA_EXPECTED = {**EXPECTED, "segfault": ("correctness", "illegal memory access")}
+BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def config(request, fast_config, cache_dir):
+    return fast_config if request.param == "cpu" else request.getfixturevalue("cuda_config")
 
 
 def test_every_hack_folder_has_an_expectation():
@@ -44,20 +55,32 @@ def test_every_hack_folder_has_an_expectation():
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_hack_is_rejected(name, fast_config):
-    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / name), fast_config)
-    stage, words = EXPECTED[name]
+def test_hack_is_rejected(name, config):
+    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / name), config)
+    stage, words = (CUDA_EXPECTED if config.backend == "cuda" else EXPECTED)[name]
     assert rec.status == "failed", rec.reason
     assert rec.failed_stage == stage, rec.reason
     assert words in rec.reason
     assert rec.reward == -1.0
 
 
-def test_hang_is_killed_at_the_timeout(fast_config):
-    fast_config.sandbox.timeout_s = 15
-    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / "hang"), fast_config)
+def test_timers_patched_consistently_are_caught_by_the_harness_clock(tmp_path, config):
+    """Clock and the timing module's captured copy replaced together: only the harness's own clock can tell."""
+    hack = tmp_path / "timer_patch_consistent"
+    shutil.copytree(HACKS / "timer_patch_capi", hack)
+    model = hack / "model_new.py"
+    model.write_text(model.read_text().replace("kernels.relu_and_patch(out, x, x.numel(), 0)",
+                                               "kernels.relu_and_patch(out, x, x.numel(), 1)"))
+    rec = evaluate(load_task(RELU_TASK), load_candidate(hack), config)
+    assert rec.failed_stage == "timing" and "harness clock" in rec.reason, rec.reason
+    assert rec.reward == -1.0
+
+
+def test_hang_is_killed_at_the_timeout(config):
+    config.sandbox.timeout_s = 30
+    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / "hang"), config)
     assert rec.failed_stage == "correctness" and "timed out" in rec.reason
-    assert rec.reward == -1.0 and rec.wall_seconds < 60
+    assert rec.reward == -1.0 and rec.wall_seconds < 90
 
 
 def _write_tamper(workdir: Path, target: Path, payload: str) -> None:
@@ -98,8 +121,8 @@ def test_candidate_cannot_rewrite_cached_baselines(tmp_path, fast_config):
     assert cached.read_bytes() == before
 
 
-def test_honest_workdir_is_paid(fast_config):
-    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+def test_honest_workdir_is_paid(config):
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), config)
     assert rec.status == "ok", rec.reason
     assert rec.correct and rec.compiled and rec.reward >= 1.0
     assert rec.trials == 7 and rec.timed_checks == 3

@@ -110,8 +110,8 @@ def time_calls(call: Callable[[list], object], make_inputs: Callable[[int], list
     return times
 
 
-def run_block(call: Callable[[list], object], inputs: list[list], device: torch.device) -> None:
-    """Back-to-back calls for the harness's own clock (no flush in between: a lower bound per call)."""
+def run_calls(call: Callable[[list], object], inputs: list[list], device: torch.device) -> None:
+    """Calls timed by the harness's own clock, finished on the device before returning."""
     for args in inputs:
         call(args)
     synchronize(device)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hpc.profile.timing import CacheFlusher, run_block, synchronize, time_calls, timers_intact
+from hpc.profile.timing import CacheFlusher, run_calls, synchronize, time_calls, timers_intact
 from hpc.runner.guard import POISON, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
 from hpc.task import load_task_module
@@ -30,8 +30,11 @@ class WorkerError(Exception):
 
 def _device(name: str) -> torch.device:
     if name == "cuda":
-        if not torch.cuda.is_available():
-            raise WorkerError("backend cuda requested but no CUDA device is visible", "harness")
+        try:
+            torch.cuda.init()
+        except Exception as e:
+            raise WorkerError(f"backend cuda requested but CUDA is unusable here: {str(e).strip()[-160:]}",
+                              "harness") from None
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         return torch.device("cuda", torch.cuda.current_device())
@@ -138,15 +141,17 @@ class ProgramWorker(_Worker):
                            after_call=lambda i, out: prints.append(fingerprint(out)))
         return {"times_ms": times, "fingerprints": prints, "timers_intact": timers_intact()}
 
-    def prepare_block(self, msg: dict) -> dict:
+    def prepare_calls(self, msg: dict) -> dict:
         base = self.base_inputs(msg["seed"])
-        self.block = [timed_inputs(base, 10_000 + j) for j in range(msg["size"])]
+        self.prepared = [timed_inputs(base, 10_000 + j) for j in range(msg["size"])]
         CacheFlusher(self.device, msg["flush_bytes"])()
         synchronize(self.device)
         return {"ok": True}
 
-    def run_block(self, msg: dict) -> dict:
-        run_block(self.call, self.block[: msg["count"]], self.device)
+    def run_call(self, msg: dict) -> dict:
+        """One prepared call (index >= 0) or nothing (-1: the harness measures its round trip)."""
+        index = int(msg["index"])
+        run_calls(self.call, [self.prepared[index]] if index >= 0 else [], self.device)
         return {"ok": True}
 
 
@@ -155,8 +160,8 @@ ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
 
 def dispatch(worker: _Worker, msg: dict) -> dict:
     op = msg.get("op")
-    handler = getattr(worker, op, None) if op in ("setup", "outputs", "fingerprints", "time", "prepare_block",
-                                                   "run_block") else None
+    handler = getattr(worker, op, None) if op in ("setup", "outputs", "fingerprints", "time", "prepare_calls",
+                                                   "run_call") else None
     if handler is None:
         raise WorkerError(f"unknown op {op!r}", "harness")
     try:

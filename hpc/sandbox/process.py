@@ -69,7 +69,9 @@ def _enter_network_namespace() -> bool:
 
 
 def _writable_paths(workdir: Path, backend: str, extra: list[Path]) -> list[str]:
-    paths = [str(workdir), "/dev/null", *map(str, extra)]
+    # /proc/self/task: drivers name their threads (the CUDA driver's init fails without it); in the
+    # forked child it resolves to the worker's own process, nothing else of /proc.
+    paths = [str(workdir), "/dev/null", "/proc/self/task", *map(str, extra)]
     if backend == "cuda":
         paths += glob.glob("/dev/nvidia*")
     return paths

@@ -19,6 +19,6 @@ class ModelNew(nn.Module):
         inner = 1
         for s in x.shape[d + 1:]:
             inner *= s
-        out = torch.empty(x.shape[:d] + x.shape[d + 1:])
+        out = torch.empty(x.shape[:d] + x.shape[d + 1:], device=x.device)
         kernels.sum_mid(out, x, outer, x.shape[d], inner, 1.0)
         return out

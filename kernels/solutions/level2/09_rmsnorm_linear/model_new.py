@@ -15,7 +15,7 @@ class ModelNew(nn.Module):
     def forward(self, x):
         x = x.contiguous()
         lin = self.linear
-        out = torch.empty(x.shape[0], lin.out_features)
+        out = torch.empty(x.shape[0], lin.out_features, device=x.device)
         kernels.rmsnorm_linear(out, x, self.norm_weight, lin.weight, lin.bias,
                                x.shape[0], lin.in_features, lin.out_features, self.eps)
         return out

@@ -1,4 +1,4 @@
-"""From C++, through the Python C API, replaces the clock and the timing module's captured copy with a slow clock."""
+"""Launches its (deliberately slow) work on a private stream, so the given stream's events see none of it."""
 import torch
 import torch.nn as nn
 from hpc.runtime import load_kernels
@@ -9,5 +9,5 @@ kernels = load_kernels(__file__)
 class ModelNew(nn.Module):
     def forward(self, x):
         out = torch.empty_like(x)
-        kernels.relu_and_patch(out, x, x.numel(), 1)
+        kernels.relu_on_side_stream(out, x, x.numel())
         return out
