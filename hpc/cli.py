@@ -2,6 +2,9 @@
 
     hpc eval TASK CANDIDATE [--backend cpu|cuda] [--scale cpu|gpu] [--out FILE.h5] [--json]
     hpc eval-suite TASKS CANDIDATES [--backend ...] [--scale ...] [--out FILE.h5] [--only SUBSTR]
+
+Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage
+(its record is still printed and written, the reason on stderr); 2 bad input (one `error:` line).
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ def _run(args) -> int:
                 print(json.dumps(rec.summary()))
             else:
                 print(summary_table([rec]))
+            if rec.failed_stage:
+                print(f"{rec.status}: {rec.failed_stage}: {rec.reason}", file=sys.stderr)
+                return 1
             return 0
         records = evaluate_suite(tasks, Path(args.candidates), cfg, writer.append if writer else None)
         print(summary_table(records))

@@ -35,11 +35,15 @@ def test_eval_json_has_the_contract_fields_and_writes_hdf5(tmp_path, cache_dir):
     assert rec.reward == result["reward"] and rec.task_id == "level1/relu"
 
 
-def test_eval_of_a_failing_candidate_still_exits_zero_with_reward(tmp_path, cache_dir):
-    proc = hpc("eval", RELU_TASK, TESTS / "hacks" / "numpy_compute", "--json", env_cache=cache_dir)
-    assert proc.returncode == 0, proc.stderr
+def test_eval_of_a_failing_candidate_exits_one_and_keeps_its_record(tmp_path, cache_dir):
+    out = tmp_path / "r.h5"
+    proc = hpc("eval", RELU_TASK, TESTS / "hacks" / "numpy_compute", "--json", "--out", out, env_cache=cache_dir)
+    assert proc.returncode == 1
     result = json.loads(proc.stdout)
     assert result["reward"] == -1 and "numpy" in result["reason"] and not result["compiled"]
+    assert proc.stderr.strip() == f"failed: static: {result['reason']}"
+    [rec] = read_records(out)
+    assert rec.reward == -1 and rec.failed_stage == "static"
 
 
 @pytest.mark.parametrize("args, words", [

@@ -11,7 +11,6 @@ reader (`h5py.File(path, "r", swmr=True)`) can follow a running evaluation.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import typing
@@ -176,6 +175,3 @@ def provenance(config: dict) -> dict[str, str]:
             attrs[key.lower()] = os.environ[key]
     return attrs
 
-
-def is_nan(x: float) -> bool:
-    return isinstance(x, float) and math.isnan(x)

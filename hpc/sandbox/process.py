@@ -3,7 +3,8 @@
 Isolation, where the OS allows each: its own process group (killed whole on timeout or
 close), rlimits (address space on cpu, CPU seconds, open files, processes, file size, no core
 dumps), its own empty network namespace, and Landlock so it writes only in its workdir (plus
-/dev/null and, on cuda, the NVIDIA device nodes) and cannot signal the harness. It is always a
+/dev/null, its own /proc/self/task and, on cuda, the NVIDIA device nodes) and cannot signal
+the harness. It is always a
 fresh interpreter: nothing of the harness or of another candidate lives in its memory.
 """
 
