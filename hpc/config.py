@@ -68,13 +68,13 @@ class SandboxConfig:
 class PolicyConfig:
     allowed_torch_ops: list[str] = field(default_factory=list)  # extra aten ops allowed in forward
     require_custom_kernel: bool = True    # a forward that calls none of its own kernels fails
+    libraries: list[str] = field(default_factory=list)  # vendor libraries kernels may use, e.g. [cublas]
 
 
 @dataclass
 class CompileConfig:
     cuda_arch: str = "sm_90"
     timeout_s: float = 180.0
-    link_libraries: list[str] = field(default_factory=list)  # e.g. ["-lcublas"] when the policy allows
 
 
 @dataclass
@@ -105,6 +105,10 @@ class EvalConfig:
         _check_choice("reward.kind", self.reward.kind, ("discrete", "continuous"))
         for d in self.correctness.distributions:
             _check_choice("correctness.distributions[]", d, tuple(DISTRIBUTIONS))
+        from hpc.verify.static import LIBRARIES
+
+        for lib in self.policy.libraries:
+            _check_choice("policy.libraries[]", lib, tuple(LIBRARIES))
         for m in self.baseline.compile_modes:
             _check_choice("baseline.compile_modes[]", m,
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))

@@ -27,7 +27,7 @@ from hpc.reward import compute_reward
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 from hpc.verify.compare import compare_fingerprints, compare_outputs
-from hpc.verify.static import source_defect
+from hpc.verify.static import kernel_defect, link_flags, source_defect
 
 _BUILD_FAILED = "Error building extension"
 
@@ -53,7 +53,8 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRecord:
 
 
 def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, workroot: Path) -> None:
-    defect = source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
+    defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
+              or kernel_defect(candidate.files, cfg.policy.libraries))
     if defect:
         rec.fail("static", defect)
         return
@@ -123,7 +124,7 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
         ext_dir = cache / "torch_extensions" / candidate.sha256[:32]
         ext_dir.mkdir(parents=True, exist_ok=True)
         return {"TORCH_EXTENSIONS_DIR": str(ext_dir), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}, [ext_dir]
-    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, tuple(cfg.compile.link_libraries))
+    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
     result = compile_workdir(cand_dir, toolchain, cache, timeout=cfg.compile.timeout_s)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
     if not result.ok:

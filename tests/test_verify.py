@@ -91,3 +91,25 @@ def test_static_policy_allows_ordinary_candidates():
            "from torch.utils.cpp_extension import load_inline\nimport math\n"
            "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n")
     assert source_defect(src, "model_new.py") == ""
+
+
+def test_library_policy_on_kernel_sources():
+    from hpc.verify.static import kernel_defect, link_flags
+
+    gemm = {"kernels/g.cu": b"#include <cublas_v2.h>\nextern \"C\" void g() {}\n"}
+    assert "library cublas is not allowed" in kernel_defect(gemm, [])
+    assert kernel_defect(gemm, ["cublas"]) == ""
+    assert "-lcublas" in link_flags(["cublas"])
+    torchy = {"kernels/k.cpp": b'  #  include "torch/extension.h"\n'}
+    assert "must not include torch" in kernel_defect(torchy, ["cublas"])
+    assert kernel_defect({"model_new.py": b"#include <cublas_v2.h>"}, []) == ""
+
+
+def test_unknown_library_in_the_policy_is_a_config_error(tmp_path):
+    from hpc.config import load_config
+    from hpc.errors import UserError
+
+    path = tmp_path / "c.yaml"
+    path.write_text("policy:\n  libraries: [cublas, magic]\n")
+    with pytest.raises(UserError, match=r"policy\.libraries"):
+        load_config(path)

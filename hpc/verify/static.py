@@ -1,13 +1,17 @@
-"""Static checks of a candidate's Python source, before anything of it runs.
+"""Static checks of a candidate's sources, before anything of it runs.
 
-Stops the cheap escapes from the runtime policy: importing modules that reach outside the model
-(ctypes, os, threading, numpy...), dynamic code (exec, eval, __import__), and introspection
+Python: stops the cheap escapes from the runtime policy: importing modules that reach outside the
+model (ctypes, os, threading, numpy...), dynamic code (exec, eval, __import__), and introspection
 that lets code rewrite the harness inside its process (__globals__, __code__, sys.modules...).
+Kernel sources: no torch headers (the workdir format's contract), and vendor libraries only where
+the library policy allows them (CUDA Agent allows e.g. cuBLAS for GEMM); an allowed library is
+also what gets linked.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 
 ALLOWED_IMPORTS = frozenset({
     "torch", "torch.nn", "torch.nn.functional", "torch.utils.cpp_extension", "math", "typing",
@@ -44,3 +48,34 @@ def source_defect(source: str, filename: str) -> str:
         elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRIBUTES:
             return f"line {node.lineno}: access to .{node.attr} is not allowed"
     return ""
+
+
+# library -> (headers that use it, linker flags when the policy allows it)
+LIBRARIES = {
+    "cublas": (("cublas_v2.h", "cublas_api.h", "cublas.h", "cublasLt.h"), ("-lcublas", "-lcublasLt")),
+    "cudnn": (("cudnn.h",), ("-lcudnn",)),
+    "curand": (("curand.h", "curand_kernel.h"), ("-lcurand",)),
+    "cufft": (("cufft.h",), ("-lcufft",)),
+    "cutlass": (("cutlass/", "cute/"), ()),
+    "cblas": (("cblas.h", "mkl.h", "mkl_cblas.h"), ("-lcblas",)),
+}
+_TORCH_HEADERS = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+
+
+def kernel_defect(files: dict[str, bytes], allowed_libraries: list[str]) -> str:
+    """The first problem in a workdir's kernel sources under the library policy, or ""."""
+    for name, data in sorted(files.items()):
+        if not name.startswith("kernels/"):
+            continue
+        for header in _INCLUDE.findall(data.decode("utf-8", "replace")):
+            if header.startswith(_TORCH_HEADERS):
+                return f"{name} includes {header}: workdir kernels must not include torch or Python headers"
+            for lib, (headers, _) in LIBRARIES.items():
+                if header.startswith(headers) and lib not in allowed_libraries:
+                    return f"{name} includes {header}: library {lib} is not allowed by the policy"
+    return ""
+
+
+def link_flags(allowed_libraries: list[str]) -> tuple[str, ...]:
+    return tuple(flag for lib in allowed_libraries for flag in LIBRARIES[lib][1])
