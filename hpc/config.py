@@ -42,7 +42,23 @@ class TimingConfig:
     flush_bytes_cpu: int = 32 << 20
     flush_bytes_cuda: int = 256 << 20
     host_check_calls: int = 20            # calls timed on the harness's own clock, to bound the reported time
-    host_check_ratio: float = 0.7          # reported median below ratio x the harness clock's median: rejected
+    host_check_ratio: float = 0.5          # reported median below ratio x the harness clock's median: rejected
+
+
+@dataclass
+class FloorConfig:
+    """Hardware ceilings for the floor check: a candidate faster than bytes/bandwidth or
+    FLOPs/peak cannot be real (0 disables a backend's check). cuda defaults: H200 datasheet peaks
+    (HBM3e 4.8 TB/s; fp32 without tensor cores 67 TFLOP/s), upper bounds of what it can do."""
+
+    bandwidth_gb_s_cuda: float = 4800.0
+    tflops_cuda: float = 67.0
+    bandwidth_gb_s_cpu: float = 0.0
+    tflops_cpu: float = 0.0
+
+    def ceilings(self, backend: str) -> tuple[float, float]:
+        return (self.bandwidth_gb_s_cuda, self.tflops_cuda) if backend == "cuda" else (
+            self.bandwidth_gb_s_cpu, self.tflops_cpu)
 
 
 @dataclass
@@ -91,6 +107,7 @@ class EvalConfig:
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    floor: FloorConfig = field(default_factory=FloorConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
@@ -119,6 +136,9 @@ class EvalConfig:
             if value <= 0:
                 raise UserError(f"config {key}: must be > 0, got {value}")
         for key, value in {"timing.warmup": self.timing.warmup, "reward.margin": self.reward.margin,
+                           "floor.bandwidth_gb_s_cuda": self.floor.bandwidth_gb_s_cuda,
+                           "floor.tflops_cuda": self.floor.tflops_cuda, "floor.tflops_cpu": self.floor.tflops_cpu,
+                           "floor.bandwidth_gb_s_cpu": self.floor.bandwidth_gb_s_cpu,
                            "correctness.timed_checks": self.correctness.timed_checks}.items():
             if value < 0:
                 raise UserError(f"config {key}: must be >= 0, got {value}")

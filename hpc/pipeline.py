@@ -221,3 +221,13 @@ def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProce
     if rec.candidate_ms < t.host_check_ratio * rec.host_check_ms:
         rec.fail("timing", f"reported {rec.candidate_ms:.4g} ms per call but the harness clock measured "
                            f"{rec.host_check_ms:.4g} ms (timer tampering or deferred work)")
+        return
+    cost = ref.request({"op": "cost", "seed": seed})
+    rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
+    bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
+    if bandwidth or tflops:
+        rec.floor_ms = 1e3 * max(rec.min_bytes / (bandwidth * 1e9) if bandwidth else 0.0,
+                                 rec.flops / (tflops * 1e12) if tflops else 0.0)
+        if rec.candidate_ms < rec.floor_ms:
+            rec.fail("timing", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
+                               f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")

@@ -127,6 +127,7 @@ def test_honest_workdir_is_paid(config):
     assert rec.correct and rec.compiled and rec.reward >= 1.0
     assert rec.trials == 7 and rec.timed_checks == 3
     assert rec.candidate_ms > 0 and rec.eager_ms > 0 and rec.compile_ms > 0
+    assert rec.min_bytes > 0 and (rec.backend == "cpu" or rec.candidate_ms > rec.floor_ms)
     assert abs(rec.speedup_eager - rec.eager_ms / rec.candidate_ms) < 1e-9
     seeds = json.loads(rec.seeds)
     assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
@@ -141,3 +142,11 @@ def test_honest_load_inline_single_file_is_paid(fast_config):
     assert first.correct and first.reward >= 1.0
     second = evaluate(load_task(RELU_TASK), candidate, fast_config)
     assert second.status == "ok" and second.wall_seconds < first.wall_seconds
+
+
+def test_a_time_below_the_hardware_floor_is_rejected(fast_config):
+    """With ceilings that make ReLU's bytes take seconds, any real measurement is 'too fast'."""
+    fast_config.floor.bandwidth_gb_s_cpu = 1e-6
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert rec.failed_stage == "timing" and "below the hardware floor" in rec.reason
+    assert rec.min_bytes == 2 * 4 * (1 << 16) and rec.flops == 0.0 and rec.floor_ms > 1e3

@@ -46,6 +46,9 @@ class EvalRecord:
     candidate_cv: float = math.nan
     candidate_noise: float = math.nan
     host_check_ms: float = math.nan
+    flops: float = math.nan
+    min_bytes: float = math.nan
+    floor_ms: float = math.nan         # max(flops / peak, min_bytes / bandwidth); NaN when no ceilings
     eager_ms: float = math.nan
     eager_cv: float = math.nan
     compile_ms: float = math.nan

@@ -76,6 +76,19 @@ class ReferenceWorker(_Worker):
             results.append(_to_host(self.model(*inputs), self.device))
         return {"outputs": results}
 
+    def cost(self, msg: dict) -> dict:
+        """FLOPs (matmul/conv family, counted by torch) and the fewest bytes any implementation must
+        move: inputs, parameters and outputs once each."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        inputs = self.base_inputs(msg["seed"])
+        with FlopCounterMode(display=False) as counter:
+            out = self.model(*inputs)
+        tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(self.model.parameters()) + list(
+            self.model.buffers()) + [t for t in as_tuple(out) if isinstance(t, torch.Tensor)]
+        return {"flops": float(counter.get_total_flops()),
+                "bytes": float(sum(t.numel() * t.element_size() for t in tensors))}
+
     def fingerprints(self, msg: dict) -> dict:
         base = self.base_inputs(msg["seed"])
         prints = [fingerprint(self.model(*timed_inputs(base, i))) for i in msg["iterations"]]
@@ -160,8 +173,8 @@ ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
 
 def dispatch(worker: _Worker, msg: dict) -> dict:
     op = msg.get("op")
-    handler = getattr(worker, op, None) if op in ("setup", "outputs", "fingerprints", "time", "prepare_calls",
-                                                   "run_call") else None
+    handler = getattr(worker, op, None) if op in ("setup", "outputs", "fingerprints", "cost", "time",
+                                                   "prepare_calls", "run_call") else None
     if handler is None:
         raise WorkerError(f"unknown op {op!r}", "harness")
     try:
