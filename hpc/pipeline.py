@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import statistics
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,12 +35,13 @@ _BUILD_FAILED = "Error building extension"
 def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRecord:
     """One full evaluation; never raises for anything the candidate does."""
     t0 = time.monotonic()
+    config = config_to_dict(cfg)
     rec = EvalRecord(
         task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
         candidate_sha256=candidate.sha256, candidate_kind=candidate.kind, candidate_path=str(candidate.path),
         candidate_source=candidate.source_text(), backend=cfg.backend, hardware=device_name(cfg.backend),
-        versions=json.dumps(versions()), policy=json.dumps(config_to_dict(cfg)["policy"]),
-        config=json.dumps(config_to_dict(cfg)), reward_kind=cfg.reward.kind, timestamp=time.time())
+        versions=json.dumps(versions()), policy=json.dumps(config["policy"]),
+        config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
     workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
     try:
         _run_stages(rec, task, candidate, cfg, workroot)
