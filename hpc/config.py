@@ -41,8 +41,8 @@ class TimingConfig:
     flush_cache: bool = True
     flush_bytes_cpu: int = 32 << 20
     flush_bytes_cuda: int = 256 << 20
-    host_check_calls: int = 20            # calls timed on the harness's own clock, to bound the reported time
-    host_check_ratio: float = 0.5          # reported median below ratio x the harness clock's median: rejected
+    host_check_calls: int = 20            # single calls timed by the worker and by the harness's own clock
+    host_check_ratio: float = 0.5          # worker's median below ratio x the harness's for them: rejected
 
 
 @dataclass

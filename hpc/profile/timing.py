@@ -76,6 +76,21 @@ def synchronize(device: torch.device) -> None:
         _cuda_sync(device)
 
 
+def time_call(call: Callable[[list], object], inputs: list, device: torch.device) -> tuple[float, object]:
+    """One call, timed to the end of all device work; returns (milliseconds, output)."""
+    if device.type == "cuda":
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        _event_record(start)
+        out = call(inputs)
+        _cuda_sync(device)          # device-wide: work on any stream is inside the interval
+        _event_record(end)
+        _event_sync(end)
+        return _event_elapsed(start, end), out
+    t0 = _perf_ns()
+    out = call(inputs)
+    return (_perf_ns() - t0) / 1e6, out
+
+
 def time_calls(call: Callable[[list], object], make_inputs: Callable[[int], list], device: torch.device,
                warmup: int, iterations: int, flush_bytes: int,
                after_call: Callable[[int, object], None] | None = None) -> list[float]:
@@ -92,26 +107,9 @@ def time_calls(call: Callable[[list], object], make_inputs: Callable[[int], list
         inputs = make_inputs(i)
         flush()
         synchronize(device)
-        if device.type == "cuda":
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            _event_record(start)
-            out = call(inputs)
-            _cuda_sync(device)          # device-wide: work on any stream is inside the interval
-            _event_record(end)
-            _event_sync(end)
-            times.append(_event_elapsed(start, end))
-        else:
-            t0 = _perf_ns()
-            out = call(inputs)
-            times.append((_perf_ns() - t0) / 1e6)
+        ms, out = time_call(call, inputs, device)
+        times.append(ms)
         if after_call is not None:
             after_call(i, out)
         del out
     return times
-
-
-def run_calls(call: Callable[[list], object], inputs: list[list], device: torch.device) -> None:
-    """Calls timed by the harness's own clock, finished on the device before returning."""
-    for args in inputs:
-        call(args)
-    synchronize(device)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from hpc.profile.timing import CacheFlusher, run_calls, synchronize, time_calls, timers_intact
+from hpc.profile.timing import CacheFlusher, synchronize, time_call, time_calls, timers_intact
 from hpc.runner.guard import POISON, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
 from hpc.task import load_task_module
@@ -162,10 +162,12 @@ class ProgramWorker(_Worker):
         return {"ok": True}
 
     def run_call(self, msg: dict) -> dict:
-        """One prepared call (index >= 0) or nothing (-1: the harness measures its round trip)."""
+        """One prepared call, timed here as in the timed loop (index -1: nothing, for the round trip)."""
         index = int(msg["index"])
-        run_calls(self.call, [self.prepared[index]] if index >= 0 else [], self.device)
-        return {"ok": True}
+        if index < 0:
+            return {"ms": 0.0}
+        ms, _ = time_call(self.call, self.prepared[index], self.device)
+        return {"ms": ms}
 
 
 ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
