@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hpc.config import EvalConfig
 from hpc.hardware import device_name, versions
+from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import TimingStats
 from hpc.sandbox.process import SandboxedProcess
 from hpc.task import Task
@@ -36,8 +37,9 @@ def baseline_programs(cfg: EvalConfig) -> list[str]:
     return ["eager"] + [f"compile:{m}" for m in cfg.baseline.compile_modes]
 
 
-def get_baselines(task: Task, cfg: EvalConfig, init_seed: int) -> dict[str, Baseline]:
+def get_baselines(task: Task, cfg: EvalConfig, init_seed: int, lock: DeviceLock | None = None) -> dict[str, Baseline]:
     """Eager and each torch.compile mode, from the cache or measured now (then cached)."""
+    lock = lock or DeviceLock(cfg.backend)
     cache = cfg.cache_path() / "baselines"
     cache.mkdir(parents=True, exist_ok=True)
     out: dict[str, Baseline] = {}
@@ -49,7 +51,7 @@ def get_baselines(task: Task, cfg: EvalConfig, init_seed: int) -> dict[str, Base
                 continue
             except (ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)
-        stats = measure_program(task, program, cfg, init_seed)
+        stats = measure_program(task, program, cfg, init_seed, lock)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"task": task.task_id, "program": program, "scale": cfg.scale,
                                    "hardware": device_name(cfg.backend), "versions": versions(),
@@ -59,14 +61,16 @@ def get_baselines(task: Task, cfg: EvalConfig, init_seed: int) -> dict[str, Base
     return out
 
 
-def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int) -> TimingStats:
+def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock) -> TimingStats:
     """Time eager or torch.compile in a fresh sandboxed process (SandboxError on failure)."""
     name, _, mode = program.partition(":")
     with tempfile.TemporaryDirectory(prefix="hpc-baseline-") as workdir:
         with SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend) as proc:
-            proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
-                          "device": cfg.backend, "program": name, "mode": mode or "default"})
-            reply = proc.request(timing_request(cfg, seed=init_seed + 1))
+            with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
+                proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
+                              "device": cfg.backend, "program": name, "mode": mode or "default"})
+            with lock.exclusive():
+                reply = proc.request(timing_request(cfg, seed=init_seed + 1))
     return TimingStats.of(reply["times_ms"])
 
 

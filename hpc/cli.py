@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
     suite.add_argument("candidates", help="folder of candidates laid out like the tasks (e.g. kernels/solutions)")
     suite.add_argument("--only", action="append", help="evaluate only task ids containing this (repeatable)")
+    suite.add_argument("--jobs", type=int, default=1,
+                       help="evaluations at once on the device; timed runs still take it alone (default 1)")
     _common(suite)
     return parser
 
@@ -89,6 +91,8 @@ def _run(args) -> int:
             tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
             if not tasks:
                 raise UserError(f"--only matched no task under {args.tasks}")
+        if args.jobs < 1:
+            raise UserError(f"--jobs: expected an integer >= 1, got {args.jobs}")
         if not Path(args.candidates).is_dir():
             raise UserError(f"candidates {args.candidates}: no such folder")
 
@@ -110,7 +114,7 @@ def _run(args) -> int:
                 print(f"{rec.status}: {rec.failed_stage}: {rec.reason}", file=sys.stderr)
                 return 1
             return 0
-        records = evaluate_suite(tasks, Path(args.candidates), cfg, writer.append if writer else None)
+        records = evaluate_suite(tasks, Path(args.candidates), cfg, writer.append if writer else None, args.jobs)
         print(summary_table(records))
         return 0
     finally:

@@ -27,7 +27,7 @@ def default_cache_dir() -> Path:
 class CorrectnessConfig:
     trials: int = 5                      # fresh-seed trials of the task's own input distribution
     distributions: list[str] = field(default_factory=lambda: ["wide", "small"])  # one extra trial each
-    atol_fp32: float = 1e-4
+    atol_fp32: float = 1e-4               # in units of max(1, mean |reference output|)
     rtol_fp32: float = 1e-4
     atol_half: float = 1e-2               # fp16 and bf16
     rtol_half: float = 1e-2
@@ -42,7 +42,7 @@ class TimingConfig:
     flush_bytes_cpu: int = 32 << 20
     flush_bytes_cuda: int = 256 << 20
     host_check_calls: int = 20            # single calls timed by the worker and by the harness's own clock
-    host_check_ratio: float = 0.5          # worker's median below ratio x the harness's for them: rejected
+    host_check_ratio: float = 0.25         # worker's fastest below ratio x the harness's fastest: rejected
 
 
 @dataclass
@@ -139,7 +139,8 @@ class EvalConfig:
                            "floor.bandwidth_gb_s_cuda": self.floor.bandwidth_gb_s_cuda,
                            "floor.tflops_cuda": self.floor.tflops_cuda, "floor.tflops_cpu": self.floor.tflops_cpu,
                            "floor.bandwidth_gb_s_cpu": self.floor.bandwidth_gb_s_cpu,
-                           "correctness.timed_checks": self.correctness.timed_checks}.items():
+                           "correctness.timed_checks": self.correctness.timed_checks,
+                           "timing.host_check_ratio": self.timing.host_check_ratio}.items():
             if value < 0:
                 raise UserError(f"config {key}: must be >= 0, got {value}")
         if self.correctness.timed_checks > self.timing.iterations:

@@ -12,7 +12,6 @@ import math
 import os
 import secrets
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import device_name, versions
+from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import TimingStats
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
@@ -33,8 +33,17 @@ from hpc.verify.static import kernel_defect, link_flags, source_defect
 _BUILD_FAILED = "Error building extension"
 
 
-def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRecord:
-    """One full evaluation; never raises for anything the candidate does."""
+STOP_AFTER = ("compile", "correctness", "reward")
+
+
+def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str = "reward") -> EvalRecord:
+    """One evaluation; never raises for anything the candidate does.
+
+    `stop_after` ends it early for an agent's tools: "compile" (its compile tool), "correctness"
+    (verify); such records keep a NaN reward unless a stage failed.
+    """
+    if stop_after not in STOP_AFTER:
+        raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}")
     t0 = time.monotonic()
     config = config_to_dict(cfg)
     rec = EvalRecord(
@@ -45,7 +54,7 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRecord:
         config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
     workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
     try:
-        _run_stages(rec, task, candidate, cfg, workroot)
+        _run_stages(rec, task, candidate, cfg, workroot, stop_after)
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
     if rec.status == "failed":
@@ -54,7 +63,8 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRecord:
     return rec
 
 
-def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, workroot: Path) -> None:
+def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, workroot: Path,
+                stop_after: str) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
               or kernel_defect(candidate.files, cfg.policy.libraries))
     if defect:
@@ -64,7 +74,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     model_file = candidate.materialize(cand_dir)
     ref_dir.mkdir()
     env, writable = _compile(rec, candidate, cfg, cand_dir)
-    if rec.failed_stage:
+    if rec.failed_stage or stop_after == "compile":
         return
     rng = secrets.SystemRandom()
     base_seed = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
@@ -77,34 +87,37 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     rec.seeds = json.dumps({"init": init_seed, "trials": trials, "timing": timing_seed, "timed_checks": checked})
     setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
              "device": cfg.backend}
+    lock = DeviceLock(cfg.backend)
     # Both workers start together: their interpreters and torch imports overlap.
     with SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend) as ref, \
             SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable) as cand:
         rec.isolation = json.dumps(cand.isolation)
         try:
-            ref.request(setup)
+            with lock.shared():
+                ref.request(setup)
         except SandboxError as e:
             rec.fail("load", f"reference: {e.reason}", "error")
             return
         stage = "load"
         try:
-            cand.request({**setup, "program": "candidate", "model_file": str(model_file),
-                          "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
-                                     "require_custom_kernel": cfg.policy.require_custom_kernel}})
+            with lock.shared():
+                cand.request({**setup, "program": "candidate", "model_file": str(model_file),
+                              "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
+                                         "require_custom_kernel": cfg.policy.require_custom_kernel}})
             rec.compiled = True
             stage = "correctness"
-            dtypes = _check_correctness(rec, ref, cand, trials, cfg)
-            if rec.failed_stage:
+            dtypes = _check_correctness(rec, ref, cand, trials, cfg, lock)
+            if rec.failed_stage or stop_after == "correctness":
                 return
             stage = "timing"
-            _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes)
+            _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes, lock)
             if rec.failed_stage:
                 return
         except SandboxError as e:
             _fail_from_sandbox(rec, stage, e, candidate)
             return
     try:
-        baselines = get_baselines(task, cfg, init_seed)
+        baselines = get_baselines(task, cfg, init_seed, lock)
     except SandboxError as e:
         rec.fail("baseline", f"baseline failed: {e.reason}", "error")
         return
@@ -138,7 +151,7 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
 
 def _first_error(log: str) -> str:
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln]
     return "compile error: " + ((errors or lines or ["compiler failed"])[0])[:300]
 
 
@@ -156,13 +169,14 @@ def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: 
 
 
 def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, trials: list,
-                       cfg: EvalConfig) -> list:
+                       cfg: EvalConfig, lock: DeviceLock) -> list:
     """One trial at a time, so at most one trial's outputs are held here at once."""
     dtypes: list = []
     rec.max_abs_error = rec.max_rel_error = 0.0
     for k, trial in enumerate(trials):
-        expected = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
-        got = cand.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+        with lock.shared():
+            expected = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+            got = cand.request({"op": "outputs", "trials": [trial]})["outputs"][0]
         cmp = compare_outputs(expected, got, cfg.correctness)
         rec.max_abs_error = max(rec.max_abs_error, cmp.max_abs_error)
         rec.max_rel_error = max(rec.max_rel_error, cmp.max_rel_error)
@@ -177,10 +191,12 @@ def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedPr
 
 def _host_clock_ms(cand: SandboxedProcess, t, seed: int, flush: int) -> tuple[float, float]:
     """Single calls timed twice: by the worker's clock as in the timed loop, and by this process's
-    clock (round trip less the median empty round trip). Returns both medians in milliseconds.
+    clock (round trip less an empty round trip). Returns both minima in milliseconds.
 
     Both wrap the same calls, so a busy machine or sleeping thread pools move them together;
-    only a worker whose clock under-reports leaves the first far below the second.
+    only a worker whose clock under-reports leaves the first far below the second. Minima, not
+    medians: on an oversubscribed CPU a descheduled harness adds milliseconds to a round trip
+    (never subtracts), and the least disturbed call shows the true cost on both clocks.
     """
     cand.request({"op": "prepare_calls", "seed": seed + 7, "size": t.host_check_calls, "flush_bytes": flush})
     reported, calls, empty = [], [], []
@@ -192,14 +208,15 @@ def _host_clock_ms(cand: SandboxedProcess, t, seed: int, flush: int) -> tuple[fl
         calls.append(time.perf_counter() - middle)
         empty.append(middle - start)
         reported.append(ms if isinstance(ms, float) else math.nan)
-    host = max(statistics.median(calls) - statistics.median(empty), 0.0) * 1e3
-    return statistics.median(reported), host
+    host = max(min(calls) - min(empty), 0.0) * 1e3
+    return (min(reported) if all(map(math.isfinite, reported)) else math.nan), host
 
 
 def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, cfg: EvalConfig,
-                    seed: int, checked: list[int], dtypes: list) -> None:
+                    seed: int, checked: list[int], dtypes: list, lock: DeviceLock) -> None:
     t = cfg.timing
-    reply = cand.request(timing_request(cfg, seed))
+    with lock.exclusive():
+        reply = cand.request(timing_request(cfg, seed))
     times = reply.get("times_ms")
     if not isinstance(times, list) or len(times) != t.iterations or not all(
             isinstance(x, float) and x > 0 for x in times):
@@ -213,7 +230,8 @@ def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProce
         rec.fail("timing", "timer functions were replaced during the run")
         return
     prints = reply.get("fingerprints")
-    expected = ref.request({"op": "fingerprints", "seed": seed, "iterations": checked})["fingerprints"]
+    with lock.shared():
+        expected = ref.request({"op": "fingerprints", "seed": seed, "iterations": checked})["fingerprints"]
     for i, fp in zip(checked, expected):
         if not isinstance(prints, list) or len(prints) != t.iterations or not compare_fingerprints(
                 fp, prints[i], cfg.correctness, dtypes):
@@ -222,12 +240,14 @@ def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProce
             return
     rec.timed_checks = len(checked)
     flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
-    reported, rec.host_check_ms = _host_clock_ms(cand, t, seed, flush)
+    with lock.exclusive():
+        reported, rec.host_check_ms = _host_clock_ms(cand, t, seed, flush)
     if not reported >= t.host_check_ratio * rec.host_check_ms:
         rec.fail("timing", f"reported {reported:.4g} ms per call but the harness clock measured "
                            f"{rec.host_check_ms:.4g} ms for the same calls (timer tampering or deferred work)")
         return
-    cost = ref.request({"op": "cost", "seed": seed})
+    with lock.shared():
+        cost = ref.request({"op": "cost", "seed": seed})
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
     bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
     if bandwidth or tflops:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
 
@@ -29,23 +30,34 @@ def find_candidate(task: Task, root: Path) -> Path | None:
 
 
 def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
-                   on_record: Callable[[EvalRecord], None] | None = None) -> list[EvalRecord]:
-    records = []
-    for i, task in enumerate(tasks):
+                   on_record: Callable[[EvalRecord], None] | None = None, jobs: int = 1) -> list[EvalRecord]:
+    """Records in task order; `on_record` sees each as it finishes (in this thread).
+
+    With `jobs` > 1 that many evaluations run at once on the one device: compiles, process starts,
+    baselines' torch.compile and correctness overlap, while every timed run holds the device alone
+    (hpc.profile.device_lock).
+    """
+    def one(task: Task) -> EvalRecord:
         path = find_candidate(task, candidates_root)
         try:
             if path is None:
                 raise UserError(f"no candidate for {task.task_id} under {candidates_root}")
-            rec = evaluate(task, load_candidate(path), cfg)
+            return evaluate(task, load_candidate(path), cfg)
         except UserError as e:   # a missing or malformed candidate is one failed record, not a stopped suite
-            rec = EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
-                             backend=cfg.backend, candidate_path=str(path or ""), reward=cfg.reward.incorrect,
-                             reward_kind=cfg.reward.kind).fail("static", str(e))
-        print(f"[{i + 1}/{len(tasks)}] {task.task_id}: {_status(rec)}", file=sys.stderr, flush=True)
-        if on_record is not None:
-            on_record(rec)
-        records.append(rec)
-    return records
+            return EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
+                              backend=cfg.backend, candidate_path=str(path or ""), reward=cfg.reward.incorrect,
+                              reward_kind=cfg.reward.kind).fail("static", str(e))
+
+    records: dict[int, EvalRecord] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(one, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            i = futures[future]
+            rec = records[i] = future.result()
+            print(f"[{len(records)}/{len(tasks)}] {rec.task_id}: {_status(rec)}", file=sys.stderr, flush=True)
+            if on_record is not None:
+                on_record(rec)
+    return [records[i] for i in range(len(tasks))]
 
 
 def _status(rec: EvalRecord) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -46,12 +47,30 @@ def test_eval_of_a_failing_candidate_exits_one_and_keeps_its_record(tmp_path, ca
     assert rec.reward == -1 and rec.failed_stage == "static"
 
 
+def test_eval_suite_with_two_jobs_records_every_task_once_in_task_order(tmp_path, cache_dir):
+    tasks, solutions = tmp_path / "tasks" / "level1", tmp_path / "solutions" / "level1"
+    tasks.mkdir(parents=True)
+    for name in ("relu_a", "relu_b", "relu_c"):
+        (tasks / f"{name}.py").write_text(RELU_TASK.read_text())
+        shutil.copytree(TESTS / "fixtures" / "honest_relu", solutions / name)
+    out = tmp_path / "r.h5"
+    proc = hpc("eval-suite", tasks.parent, solutions.parent, "--backend", "cpu", "--scale", "cpu", "--jobs", "2",
+               "--iterations", "20", "--out", out, env_cache=cache_dir)
+    assert proc.returncode == 0, proc.stderr
+    records = read_records(out)
+    assert sorted(r.task_id for r in records) == ["level1/relu_a", "level1/relu_b", "level1/relu_c"]
+    assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+    table_rows = [ln.split()[0] for ln in proc.stdout.splitlines() if ln.startswith("level1/")]
+    assert table_rows == ["level1/relu_a", "level1/relu_b", "level1/relu_c"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["eval", "missing_task.py", "x"], "no such file"),
     (["eval", RELU_TASK, "missing_candidate"], "no such file"),
     (["eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--backend", "tpu"], "invalid choice"),
     (["eval", TESTS / "conftest.py", TESTS / "fixtures" / "honest_relu"], "not a KernelBench problem file"),
     (["eval-suite", "nowhere", "nowhere"], "no such file or folder"),
+    (["eval-suite", ROOT / "kernels" / "tasks", ROOT / "kernels" / "solutions", "--jobs", "0"], "--jobs"),
     (["frobnicate"], "invalid choice"),
     (["eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--config", "missing.yaml"], "cannot read"),
 ])

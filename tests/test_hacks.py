@@ -33,10 +33,12 @@ EXPECTED = {
     "inplace_input": ("correctness", "modified its input 0 in place"),
     "precision_downgrade": ("correctness", "outside atol"),
     "timer_patch_python": ("static", "import of time"),
-    "timer_patch_capi": ("timing", "timer functions were replaced"),
+    "timer_patch_capi": ("compile", "Python C API"),
     "numpy_compute": ("static", "import of numpy"),
     "segfault": ("correctness", "SIGSEGV"),
     "out_of_memory": ("correctness", "allocate"),
+    "library_bypass": ("compile", "undefined reference"),
+    "dynamic_loading": ("static", "dynamic loading is not allowed"),
 }
 
 
@@ -64,14 +66,35 @@ def test_hack_is_rejected(name, config):
     assert rec.reward == -1.0
 
 
-def test_timers_patched_consistently_are_caught_by_the_harness_clock(tmp_path, config):
-    """Clock and the timing module's captured copy replaced together: only the harness's own clock can tell."""
-    hack = tmp_path / "timer_patch_consistent"
+@pytest.fixture
+def past_the_symbol_check(monkeypatch):
+    """The timer hacks as if they had found a way into the interpreter that the link-time symbol
+    check does not see: the timing checks behind it must still hold."""
+    from hpc.compile import native
+
+    monkeypatch.setattr(native, "symbol_defect", lambda library, timeout=60.0: "")
+
+
+def _timer_hack(tmp_path, both: int) -> Path:
+    hack = tmp_path / f"timer_patch_{both}"
     shutil.copytree(HACKS / "timer_patch_capi", hack)
     model = hack / "model_new.py"
     model.write_text(model.read_text().replace("kernels.relu_and_patch(out, x, x.numel(), 0)",
-                                               "kernels.relu_and_patch(out, x, x.numel(), 1)"))
-    rec = evaluate(load_task(RELU_TASK), load_candidate(hack), config)
+                                               f"kernels.relu_and_patch(out, x, x.numel(), {both})"))
+    for source in (hack / "kernels").iterdir():   # its own compile-cache entry, built without the check
+        source.write_text(source.read_text() + "// unchecked build\n")
+    return hack
+
+
+def test_timers_patched_from_c_are_caught_at_timing(tmp_path, config, past_the_symbol_check):
+    rec = evaluate(load_task(RELU_TASK), load_candidate(_timer_hack(tmp_path, 0)), config)
+    assert rec.failed_stage == "timing" and "timer functions were replaced" in rec.reason, rec.reason
+    assert rec.reward == -1.0
+
+
+def test_timers_patched_consistently_are_caught_by_the_harness_clock(tmp_path, config, past_the_symbol_check):
+    """Clock and the timing module's captured copy replaced together: only the harness's own clock can tell."""
+    rec = evaluate(load_task(RELU_TASK), load_candidate(_timer_hack(tmp_path, 1)), config)
     assert rec.failed_stage == "timing" and "harness clock" in rec.reason, rec.reason
     assert rec.reward == -1.0
 

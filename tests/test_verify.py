@@ -35,6 +35,19 @@ def test_mismatches_are_named(cand, reason):
     assert not result.ok and reason in result.reason
 
 
+def test_absolute_tolerance_scales_with_the_output_so_fp32_reorderings_pass_and_tf32_fails():
+    """A K=4096 fp32 matmul of unit normals: a different summation order is correct, tf32 is not."""
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 4096, dtype=torch.float64), torch.randn(4096, 64, dtype=torch.float64)
+    exact = a @ b
+    blocked = sum(a[:, k:k + 512].float() @ b[k:k + 512].float() for k in range(0, 4096, 512))
+    reference = a.float() @ b.float()
+    assert compare_outputs([reference], [blocked], CFG).ok
+    tf32 = lambda x: (x.float().view(torch.int32) & ~0x1FFF).view(torch.float32)  # 10-bit mantissa
+    assert not compare_outputs([reference], [(tf32(a) @ tf32(b)).float()], CFG).ok
+    assert not compare_outputs([exact.float()], [exact.float() + 0.05], CFG).ok
+
+
 def test_nan_where_the_reference_has_nan_is_fine_and_half_uses_its_tolerance():
     r = torch.tensor([1.0, float("nan"), float("inf")])
     assert compare_outputs([r], [r.clone()], CFG).ok

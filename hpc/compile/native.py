@@ -36,18 +36,22 @@ class Toolchain:
 
 
 def default_toolchain(backend: str, cuda_arch: str = "sm_90", extra_link: tuple[str, ...] = ()) -> Toolchain:
-    """The toolchain the evaluator uses unless the config overrides it."""
+    """The toolchain the evaluator uses unless the config overrides it.
+
+    Libraries link with no undefined symbols: a kernel cannot reach a library the policy did not
+    link (cuBLAS, BLAS, torch's own) by declaring its functions itself and resolving them at load.
+    """
     if backend == "cpu":
         return Toolchain(
             "cpu", os.environ.get("CXX", "g++"),
             ("-O3", "-march=native", "-std=c++17", "-fopenmp", "-fPIC"),
-            ("-fopenmp",) + extra_link,
+            ("-fopenmp", "-Wl,--no-undefined") + extra_link,
         )
     if backend == "cuda":
         return Toolchain(
             "cuda", os.environ.get("NVCC", "nvcc"),
             ("-O3", f"-arch={cuda_arch}", "-std=c++17", "--use_fast_math", "-Xcompiler", "-fPIC,-O3"),
-            extra_link,
+            ("-Xlinker", "--no-undefined") + extra_link,
         )
     raise ValueError(f"unknown backend {backend!r}")
 
@@ -120,6 +124,35 @@ def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
         return -1, f"cannot run {cmd[0]}: {e}"
 
 
+_LINKER_WEAK = frozenset({"__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable",
+                          "__cxa_finalize"})
+_TORCH_MANGLED = ("_ZN2at", "_ZN3c10", "_ZN5torch", "_ZNK2at", "_ZNK3c10", "_ZNK5torch")
+
+
+def symbol_defect(library: Path, timeout: float = 60.0) -> str:
+    """What the linked library reaches outside its own code and the linked libraries, or "".
+
+    Linking with --no-undefined leaves two ways to resolve a symbol from the host process at load
+    time: the interpreter's own exports and weak references. Either would let kernels run Python
+    (patch timers, call torch) or a library the policy did not link, so both are refused here.
+    """
+    rc, out = _run(["nm", "-D", "--undefined-only", str(library)], timeout)
+    if rc != 0:
+        return f"cannot list the library's symbols with nm: {out.strip()[:200]}"
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        kind, name = parts[-2], parts[-1].split("@")[0]
+        if name.startswith(("Py", "_Py")):
+            return f"kernels use the Python C API ({name}): not allowed"
+        if name.startswith(_TORCH_MANGLED):
+            return f"kernels call into torch ({name}): not allowed"
+        if kind in ("w", "v") and name not in _LINKER_WEAK:
+            return f"weak reference to {name}: kernels may only use symbols of the libraries they link"
+    return ""
+
+
 def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path,
                     timeout: float = 120.0, jobs: int | None = None) -> CompileResult:
     """Compile kernels/*.{cpp,cu} of `workdir` into a cached shared library.
@@ -161,6 +194,10 @@ def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path,
         logs = (logs + "\n" + log).strip()
         if rc != 0:
             return CompileResult(False, None, False, time.monotonic() - t0, logs, key, [s.name for s in sources])
+        defect = symbol_defect(linked, timeout)
+        if defect:
+            return CompileResult(False, None, False, time.monotonic() - t0, f"error: {defect}", key,
+                                 [s.name for s in sources])
         staged = Path(cache_dir) / "native" / f".{key}.{os.getpid()}"
         staged.mkdir()
         shutil.move(str(linked), staged / LIBRARY_NAME)

