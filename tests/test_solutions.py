@@ -26,3 +26,11 @@ def test_every_solution_is_correct_and_some_earn_a_speedup_reward(fast_config):
     assert failed == []
     assert all(r.correct and r.reward >= 1 for r in records)
     assert sum(r.reward >= 2 for r in records) >= 3
+
+
+def test_copies_of_a_shared_kernel_header_are_identical():
+    """Workdirs are self-contained, so a header several solutions use lives in each: one version."""
+    by_name: dict[str, set[bytes]] = {}
+    for header in SOLUTIONS.glob("*/*/kernels/*.cuh"):
+        by_name.setdefault(header.name, set()).add(header.read_bytes())
+    assert by_name and all(len(versions) == 1 for versions in by_name.values()), sorted(by_name)

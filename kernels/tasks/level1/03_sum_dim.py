@@ -12,8 +12,8 @@ class Model(nn.Module):
         return torch.sum(x, dim=self.dim)
 
 
-batch_size = 256
-dim1 = 4096
+batch_size = 64
+dim1 = 1024
 dim2 = 1024
 reduce_dim = 1
 

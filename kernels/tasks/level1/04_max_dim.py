@@ -12,8 +12,8 @@ class Model(nn.Module):
         return torch.amax(x, dim=self.dim)
 
 
-batch_size = 32768
-dim = 32768
+batch_size = 16384
+dim = 16384
 
 
 def get_inputs():

@@ -11,7 +11,7 @@ class Model(nn.Module):
         return torch.softmax(x, dim=-1)
 
 
-batch_size = 32768
+batch_size = 4096
 dim = 16384
 
 

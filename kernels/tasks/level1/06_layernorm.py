@@ -12,7 +12,7 @@ class Model(nn.Module):
         return self.ln(x)
 
 
-batch_size = 65536
+batch_size = 8192
 dim = 8192
 
 

@@ -14,7 +14,7 @@ class Model(nn.Module):
         return x * rms * self.weight
 
 
-batch_size = 32768
+batch_size = 8192
 dim = 8192
 
 

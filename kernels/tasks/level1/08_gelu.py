@@ -12,8 +12,8 @@ class Model(nn.Module):
         return F.gelu(x)
 
 
-batch_size = 32768
-dim = 32768
+batch_size = 8192
+dim = 8192
 
 
 def get_inputs():

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return torch.cumsum(x, dim=self.dim)
 
 
-batch_size = 16384
-length = 32768
+batch_size = 4096
+length = 16384
 scan_dim = 1
 
 

@@ -12,10 +12,10 @@ class Model(nn.Module):
         return self.pool(x)
 
 
-batch_size = 64
+batch_size = 32
 channels = 64
-height = 512
-width = 512
+height = 256
+width = 256
 kernel_size = 3
 stride = 2
 padding = 1

@@ -13,7 +13,7 @@ class Model(nn.Module):
 
 
 rows = 8192
-cols = 131072
+cols = 16384
 reduce_dim = 0
 
 

@@ -11,7 +11,7 @@ class Model(nn.Module):
         return x / torch.norm(x, p=2, dim=-1, keepdim=True)
 
 
-batch_size = 32768
+batch_size = 4096
 dim = 16384
 
 

@@ -13,7 +13,7 @@ class Model(nn.Module):
         return torch.relu(self.conv(x)) + self.bias
 
 
-batch_size = 64
+batch_size = 32
 in_channels = 64
 out_channels = 128
 height = width = 128

@@ -16,7 +16,7 @@ class Model(nn.Module):
         return F.gelu(self.norm(x)) + x
 
 
-batch_size = 32768
+batch_size = 8192
 dim = 8192
 
 

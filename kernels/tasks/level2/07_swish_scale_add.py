@@ -12,7 +12,7 @@ class Model(nn.Module):
         return x * torch.sigmoid(x) * self.scale + y
 
 
-batch_size = 16384
+batch_size = 4096
 dim = 16384
 scale = 0.75
 

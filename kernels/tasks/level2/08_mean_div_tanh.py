@@ -8,9 +8,9 @@ class Model(nn.Module):
         return torch.tanh(x / x.mean(dim=1, keepdim=True))
 
 
-batch_size = 64
+batch_size = 32
 channels = 128
-length = 32768
+length = 16384
 
 
 def get_inputs():

@@ -1,5 +1,6 @@
 // Row max over the last dim (values only). One 256-thread block per row streams the row with
 // float4 loads (4 independent loads in flight per thread), then warp-shuffle + shared-memory max.
+// Capped at 32 registers so 8 blocks (2048 threads, 128 KB of loads in flight) stay resident per SM.
 // Scalar loop when the row is not float4-aligned.
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -42,32 +43,31 @@ __device__ __forceinline__ void st4(float* p, float4 v) { __stcs(reinterpret_cas
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 namespace {
+__device__ __forceinline__ float max4(float4 v) { return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)); }
+
 constexpr int NT = 256;
 template <bool VEC>
-__global__ void __launch_bounds__(NT) row_max_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t cols) {
+__global__ void __launch_bounds__(NT, 8) row_max_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t cols) {
     __shared__ float sh[NT / 32];
     const int64_t row = blockIdx.x;
     const float* xr = x + row * cols;
-    float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;
+    float m = -INFINITY;
     if (VEC) {
-        const int64_t nv4 = cols >> 2;
-        int64_t i = threadIdx.x;
-        for (; i + 3 * NT < nv4; i += 4 * NT) {
-            const float4 a = ld4(xr + 4 * i), b = ld4(xr + 4 * (i + NT));
-            const float4 c = ld4(xr + 4 * (i + 2 * NT)), d = ld4(xr + 4 * (i + 3 * NT));
-            m0 = fmaxf(m0, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
-            m1 = fmaxf(m1, fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
-            m2 = fmaxf(m2, fmaxf(fmaxf(c.x, c.y), fmaxf(c.z, c.w)));
-            m3 = fmaxf(m3, fmaxf(fmaxf(d.x, d.y), fmaxf(d.z, d.w)));
+        const float4* p = reinterpret_cast<const float4*>(xr) + threadIdx.x;
+        const int64_t n = (cols >> 2) - threadIdx.x;  // float4s left from p onwards, strided by NT
+        int64_t i = 0;
+        for (; i + 3 * NT < n; i += 4 * NT) {
+            const float4 a = __ldcs(p + i), b = __ldcs(p + i + NT);
+            const float4 c = __ldcs(p + i + 2 * NT), d = __ldcs(p + i + 3 * NT);
+            m = fmaxf(m, fmaxf(fmaxf(max4(a), max4(b)), fmaxf(max4(c), max4(d))));
         }
-        for (; i < nv4; i += NT) {
-            const float4 a = ld4(xr + 4 * i);
-            m0 = fmaxf(m0, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+        for (; i < n; i += NT) {
+            m = fmaxf(m, max4(__ldcs(p + i)));
         }
     } else {
-        for (int64_t i = threadIdx.x; i < cols; i += NT) m0 = fmaxf(m0, xr[i]);
+        for (int64_t i = threadIdx.x; i < cols; i += NT) m = fmaxf(m, xr[i]);
     }
-    const float m = block_max<NT>(fmaxf(fmaxf(m0, m1), fmaxf(m2, m3)), sh);
+    m = block_max<NT>(m, sh);
     if (threadIdx.x == 0) out[row] = m;
 }
 }  // namespace

@@ -42,10 +42,14 @@ __device__ __forceinline__ void st4(float* p, float4 v) { __stcs(reinterpret_cas
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 namespace {
+// Blocks kept resident per SM: 2048 threads (32 registers each) while a thread holds <= 4 float4,
+// else 128 KB of row registers (e.g. two 16384-float rows).
+constexpr int min_blocks(int nt, int nv) { return nv <= 4 ? 2048 / nt : (nt * nv >= 8192 ? 1 : 8192 / (nt * nv)); }
+
 template <int NT, int NV>
-__global__ void __launch_bounds__(NT) ln_reg(float* __restrict__ out, const float* __restrict__ x,
-                                             const float* __restrict__ w, const float* __restrict__ b,
-                                             float eps, int64_t cols) {
+__global__ void __launch_bounds__(NT, min_blocks(NT, NV))
+ln_reg(float* __restrict__ out, const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+       float eps, int64_t cols) {
     __shared__ float sh_a[NT / 32], sh_b[NT / 32];
     const int64_t row = blockIdx.x;
     const float* xr = x + row * cols;

@@ -4,8 +4,9 @@
 // is added to the chunk's first element, then a Sklansky scan inside the chunk), so the result
 // matches the reference bit for bit instead of drifting by ~1e-3 along 32768-long rows. For nx == 32
 // (64-element chunks; what ATen picks for this shape) one warp owns one row: each lane holds 2
-// elements, the 6 Sklansky levels are warp shuffles, and 8 chunks are prefetched with float2 loads
-// so the kernel streams at memory bandwidth. Other nx use a literal port of the ATen kernel.
+// elements, the 6 Sklansky levels are warp shuffles, and the next 8 chunks are always in flight
+// (float2 loads into a second register buffer) while the current 8 are scanned; every row's warp is
+// resident at once for 4096 rows on 132 SMs. Other nx use a literal port of the ATen kernel.
 // inner > 1: one thread per column, sequential fp32 accumulation (ATen's scan_outer_dim order).
 #include <cstdint>
 #include <algorithm>
@@ -22,11 +23,59 @@ uint32_t log_num_threads_x_inner(uint32_t num_rows, uint32_t row_size) {
     return std::min(std::max((uint32_t)4, lx), (uint32_t)9);
 }
 
-constexpr int WARPS = 8, U = 8;
+constexpr int WARPS = 4, U = 8;
 
 template <bool VEC2>
-__global__ void __launch_bounds__(WARPS * 32) scan_rows_warp64(float* __restrict__ out, const float* __restrict__ x,
-                                                               int64_t rows, int64_t len) {
+__device__ __forceinline__ void load_chunks(float2 (&v)[U], const float* __restrict__ xr, int64_t len, int64_t c0,
+                                            int lane) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int64_t p = (c0 + u) * 64 + 2 * lane;
+        if (VEC2 && p + 1 < len) {
+            v[u] = __ldcs(reinterpret_cast<const float2*>(xr + p));
+        } else {
+            v[u].x = p < len ? xr[p] : 0.f;
+            v[u].y = p + 1 < len ? xr[p + 1] : 0.f;
+        }
+    }
+}
+
+// Scans chunks c0 .. c0 + U - 1 (those below nchunks) of one row; returns the running total.
+template <bool VEC2>
+__device__ __forceinline__ float scan_chunks(const float2 (&v)[U], float* __restrict__ orow, int64_t len, int64_t c0,
+                                             int64_t nchunks, int lane, float carry) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (c0 + u >= nchunks) break;
+        float v0 = v[u].x, v1 = v[u].y;
+        if (lane == 0) v0 = v0 + carry;
+        v1 = v1 + v0;  // level s = 1
+#pragma unroll
+        for (int m = 1; m <= 5; ++m) {
+            const int src = ((lane >> m) << m) + (1 << (m - 1)) - 1;
+            const float t = __shfl_sync(0xffffffffu, v1, src);
+            if ((lane >> (m - 1)) & 1) {
+                v0 = v0 + t;
+                v1 = v1 + t;
+            }
+        }
+        const int64_t p = (c0 + u) * 64 + 2 * lane;
+        if (VEC2 && p + 1 < len) {
+            __stcs(reinterpret_cast<float2*>(orow + p), make_float2(v0, v1));
+        } else {
+            if (p < len) orow[p] = v0;
+            if (p + 1 < len) orow[p + 1] = v1;
+        }
+        carry = __shfl_sync(0xffffffffu, v1, 31);
+    }
+    return carry;
+}
+
+// One warp per row. Two register buffers of U chunks alternate: the next U chunks are in flight while the
+// current ones are scanned. <= 64 registers so that 32 warps (rows) per SM are resident at once.
+template <bool VEC2>
+__global__ void __launch_bounds__(WARPS * 32, 8) scan_rows_warp64(float* __restrict__ out, const float* __restrict__ x,
+                                                                  int64_t rows, int64_t len) {
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5);
     if (row >= rows) return;
@@ -34,42 +83,13 @@ __global__ void __launch_bounds__(WARPS * 32) scan_rows_warp64(float* __restrict
     float* orow = out + row * len;
     const int64_t nchunks = (len + 63) / 64;
     float carry = 0.f;
-    for (int64_t c0 = 0; c0 < nchunks; c0 += U) {
-        float2 v[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int64_t p = (c0 + u) * 64 + 2 * lane;
-            if (VEC2 && p + 1 < len) {
-                v[u] = __ldcs(reinterpret_cast<const float2*>(xr + p));
-            } else {
-                v[u].x = p < len ? xr[p] : 0.f;
-                v[u].y = p + 1 < len ? xr[p + 1] : 0.f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (c0 + u >= nchunks) break;
-            float v0 = v[u].x, v1 = v[u].y;
-            if (lane == 0) v0 = v0 + carry;
-            v1 = v1 + v0;  // level s = 1
-#pragma unroll
-            for (int m = 1; m <= 5; ++m) {
-                const int src = ((lane >> m) << m) + (1 << (m - 1)) - 1;
-                const float t = __shfl_sync(0xffffffffu, v1, src);
-                if ((lane >> (m - 1)) & 1) {
-                    v0 = v0 + t;
-                    v1 = v1 + t;
-                }
-            }
-            const int64_t p = (c0 + u) * 64 + 2 * lane;
-            if (VEC2 && p + 1 < len) {
-                __stcs(reinterpret_cast<float2*>(orow + p), make_float2(v0, v1));
-            } else {
-                if (p < len) orow[p] = v0;
-                if (p + 1 < len) orow[p + 1] = v1;
-            }
-            carry = __shfl_sync(0xffffffffu, v1, 31);
-        }
+    float2 a[U], b[U];
+    load_chunks<VEC2>(a, xr, len, 0, lane);
+    for (int64_t c0 = 0; c0 < nchunks; c0 += 2 * U) {
+        load_chunks<VEC2>(b, xr, len, c0 + U, lane);
+        carry = scan_chunks<VEC2>(a, orow, len, c0, nchunks, lane, carry);
+        load_chunks<VEC2>(a, xr, len, c0 + 2 * U, lane);
+        carry = scan_chunks<VEC2>(b, orow, len, c0 + U, nchunks, lane, carry);
     }
 }
 

@@ -1,78 +1,70 @@
 // out[o][i] = scale * sum_r x[o][r][i]  (reduction over the middle axis of [outer, r, inner]).
-// One pass: a 256-thread block owns 128 contiguous inner columns (32 lanes x float4) of one outer
-// slice; its 8 warps stride over r (each warp reads 512 contiguous bytes per row, 4 rows in flight),
-// accumulating in double (the CPU solution does too: a long fp32 chain would drift ~1e-4 from the
-// reference for r in the thousands), then the 8 partials are combined through shared memory.
-// When outer x column-tiles would not fill the GPU, r is also split over grid.z and the partials
-// are combined with fp32 atomics into a zeroed output.
+// One pass over x. A 256-thread block owns a tile of contiguous inner columns of one outer slice:
+// TX lanes (one float4 each when inner % 4 == 0) x 256/TX row groups striding over r, with U = 8
+// independent loads in flight per thread. TX is the widest of 32/16/8 lanes (512/256/128 contiguous
+// bytes per row) that still gives every SM ~3 blocks, so e.g. [64,1024,1024] over dim 1 and
+// [8192,16384] over dim 0 both run as 512 co-resident blocks: no tail wave, no second pass.
+// Each group of U rows is summed in fp32 and accumulated in double (a long fp32 chain over
+// thousands of rows drifts ~1e-4 from the reference); row-group partials combine in shared memory
+// in a fixed order, so results are deterministic. Only when even the narrowest tiles leave SMs
+// idle is r also split over grid.y, the partials then combined by fp32 atomics into a zeroed output.
+#include <algorithm>
 #include <cstdint>
 #include <cuda_runtime.h>
 
 namespace {
-constexpr int LANES = 32, WARPS = 8, NT = LANES * WARPS;
+constexpr int NT = 256, U = 8;
 
-template <int VEC, bool ATOMIC>
-__global__ void __launch_bounds__(NT)
+__device__ __forceinline__ void load(const float* p, float (&f)[4]) {
+    const float4 v = __ldcs(reinterpret_cast<const float4*>(p));
+    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+}
+__device__ __forceinline__ void load(const float* p, float (&f)[1]) { f[0] = __ldcs(p); }
+
+template <int VEC>
+__global__ void __launch_bounds__(NT, 4)
 sum_mid_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t r, int64_t inner,
-               int64_t rchunk, int64_t ctiles, double scale) {
-    const int lane = threadIdx.x & (LANES - 1), wy = threadIdx.x / LANES;
-    const int64_t o = blockIdx.x / ctiles, ct = blockIdx.x % ctiles;
-    const int64_t col = (ct * LANES + lane) * VEC;
-    const int64_t k0 = (int64_t)blockIdx.z * rchunk;
-    const int64_t k1 = min(r, k0 + rchunk);
+               int64_t ctiles, int64_t rchunk, int tx_log2, bool atomic, double scale) {
+    const int tx = 1 << tx_log2, groups = NT >> tx_log2;
+    const int lane = threadIdx.x & (tx - 1), g = threadIdx.x >> tx_log2;
+    const int64_t o = blockIdx.x / ctiles;
+    const int64_t c0 = (blockIdx.x - o * ctiles) * tx * VEC;  // first column of the tile
+    const int64_t col = c0 + lane * VEC;                       // VEC=4 implies inner % 4 == 0
+    const int64_t k1 = min(r, ((int64_t)blockIdx.y + 1) * rchunk);
     double acc[VEC];
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[v] = 0.0;
-    const bool active = col < inner;  // VEC=4 implies inner % 4 == 0, so the whole vector is in range
-    if (active) {
-        const float* base = x + (o * r) * inner + col;
-        int64_t k = k0 + wy;
-        if (VEC == 4) {
-            for (; k + 3 * WARPS < k1; k += 4 * WARPS) {
-                float4 v[4];
+    for (int c = 0; c < VEC; ++c) acc[c] = 0.0;
+    if (col < inner) {
+        const int64_t step = (int64_t)groups * inner;  // elements between this thread's rows
+        int64_t k = (int64_t)blockIdx.y * rchunk + g;
+        const float* p = x + (o * r + k) * inner + col;
+        for (; k + (U - 1) * groups < k1; k += U * groups, p += U * step) {
+            float v[U][VEC];
 #pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    v[u] = __ldcs(reinterpret_cast<const float4*>(base + (k + u * WARPS) * inner));
+            for (int u = 0; u < U; ++u) load(p + u * step, v[u]);
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    acc[0] += (double)v[u].x;
-                    acc[1 % VEC] += (double)v[u].y;
-                    acc[2 % VEC] += (double)v[u].z;
-                    acc[3 % VEC] += (double)v[u].w;
-                }
-            }
-            for (; k < k1; k += WARPS) {
-                const float4 v = __ldcs(reinterpret_cast<const float4*>(base + k * inner));
-                acc[0] += (double)v.x;
-                acc[1 % VEC] += (double)v.y;
-                acc[2 % VEC] += (double)v.z;
-                acc[3 % VEC] += (double)v.w;
-            }
-        } else {
-            for (; k + 3 * WARPS < k1; k += 4 * WARPS) {
-                float v[4];
+            for (int c = 0; c < VEC; ++c)
+                acc[c] += (double)(((v[0][c] + v[1][c]) + (v[2][c] + v[3][c])) +
+                                   ((v[4][c] + v[5][c]) + (v[6][c] + v[7][c])));
+        }
+        for (; k < k1; k += groups, p += step) {
+            float v[VEC];
+            load(p, v);
 #pragma unroll
-                for (int u = 0; u < 4; ++u) v[u] = __ldcs(base + (k + u * WARPS) * inner);
-#pragma unroll
-                for (int u = 0; u < 4; ++u) acc[0] += (double)v[u];
-            }
-            for (; k < k1; k += WARPS) acc[0] += (double)__ldcs(base + k * inner);
+            for (int c = 0; c < VEC; ++c) acc[c] += (double)v[c];
         }
     }
-    __shared__ double part[WARPS][LANES * VEC];
+    __shared__ double part[NT * VEC];  // [row group][column of the tile]
+    const int width = tx * VEC;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) part[wy][lane * VEC + v] = acc[v];
+    for (int c = 0; c < VEC; ++c) part[threadIdx.x * VEC + c] = acc[c];
     __syncthreads();
-    // first LANES*VEC threads combine the WARPS partials of one column each
-    for (int t = threadIdx.x; t < LANES * VEC; t += NT) {
-        const int64_t c = ct * LANES * VEC + t;
-        if (c < inner) {
-            double s = 0.0;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) s += part[w][t];
-            if (ATOMIC) atomicAdd(out + o * inner + c, (float)(s * scale));
-            else out[o * inner + c] = (float)(s * scale);
-        }
+    if (threadIdx.x < width && c0 + threadIdx.x < inner) {
+        double s = 0.0;
+        for (int j = 0; j < groups; ++j) s += part[j * width + threadIdx.x];
+        float* dst = out + o * inner + c0 + threadIdx.x;
+        if (atomic) atomicAdd(dst, (float)(s * scale));
+        else *dst = (float)(s * scale);
     }
 }
 }  // namespace
@@ -81,31 +73,26 @@ extern "C" void sum_mid(float* out, const float* x, int64_t outer, int64_t r, in
                         cudaStream_t stream) {
     if (outer <= 0 || inner <= 0) return;
     const bool vec = inner % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-    const int per_block = LANES * (vec ? 4 : 1);
-    const int64_t ctiles = (inner + per_block - 1) / per_block;
-    const int64_t blocks = ctiles * outer;
+    const int64_t v = vec ? 4 : 1;
     int dev = 0, sms = 132;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int64_t want = (int64_t)sms * 8;  // ~one full wave of 256-thread blocks
-    int64_t split = 1;
-    if (blocks < want / 2 && r >= 4 * WARPS * 8) {
-        split = (want + blocks - 1) / blocks;
-        const int64_t max_split = r / (4 * WARPS * 4);
-        if (split > max_split) split = max_split;
-        if (split > 65535) split = 65535;
-        if (split < 1) split = 1;
+    const auto tiles = [&](int tx_log2) { return (inner + (v << tx_log2) - 1) / (v << tx_log2); };
+    int tx_log2 = 5;  // narrowest tile: 8 lanes x float4 or 32 lanes x float = 128 bytes per row
+    while (tx_log2 > (vec ? 3 : 5) && outer * tiles(tx_log2) < 3 * sms) --tx_log2;
+    const int64_t ctiles = tiles(tx_log2), blocks = outer * ctiles;
+    int64_t split = 1, rchunk = std::max<int64_t>(r, 1);
+    if (blocks < sms) {  // each chunk keeps >= 4 full iterations of U rows per row group
+        const int64_t rows_per_iter = (int64_t)U * (NT >> tx_log2);
+        split = std::max<int64_t>(1, std::min<int64_t>({(4 * sms + blocks - 1) / blocks, r / (4 * rows_per_iter), 65535}));
+        if (split > 1) {
+            rchunk = (r + split - 1) / split;
+            split = (r + rchunk - 1) / rchunk;
+        }
     }
-    const int64_t rchunk = (r + split - 1) / split;
-    split = r > 0 ? (r + rchunk - 1) / rchunk : 1;
-    dim3 grid((unsigned)blocks, 1, (unsigned)split);
-    if (split > 1) {
-        cudaMemsetAsync(out, 0, (size_t)(outer * inner) * sizeof(float), stream);
-        if (vec) sum_mid_kernel<4, true><<<grid, NT, 0, stream>>>(out, x, r, inner, rchunk, ctiles, scale);
-        else sum_mid_kernel<1, true><<<grid, NT, 0, stream>>>(out, x, r, inner, rchunk, ctiles, scale);
-    } else {
-        const int64_t rc = r > 0 ? r : 1;
-        if (vec) sum_mid_kernel<4, false><<<grid, NT, 0, stream>>>(out, x, r, inner, rc, ctiles, scale);
-        else sum_mid_kernel<1, false><<<grid, NT, 0, stream>>>(out, x, r, inner, rc, ctiles, scale);
-    }
+    const bool atomic = split > 1;
+    if (atomic) cudaMemsetAsync(out, 0, (size_t)(outer * inner) * sizeof(float), stream);
+    const dim3 grid((unsigned)blocks, (unsigned)split);
+    if (vec) sum_mid_kernel<4><<<grid, NT, 0, stream>>>(out, x, r, inner, ctiles, rchunk, tx_log2, atomic, scale);
+    else sum_mid_kernel<1><<<grid, NT, 0, stream>>>(out, x, r, inner, ctiles, rchunk, tx_log2, atomic, scale);
 }

@@ -1,4 +1,4 @@
-// relu(x W^T + b1 + b2): SGEMM with the bias adds and ReLU fused into the epilogue.
+// relu(x W^T + b1 + b2): 3xTF32 tensor-core GEMM with the bias adds and ReLU fused into the epilogue.
 #include "sgemm.cuh"
 
 namespace {

@@ -1,4 +1,4 @@
-// gelu_erf(x W^T + b) * scale: SGEMM with bias, exact GELU and scaling fused into the epilogue.
+// gelu_erf(x W^T + b) * scale: 3xTF32 tensor-core GEMM with bias, exact GELU and scaling fused into the epilogue.
 #include "sgemm.cuh"
 
 namespace {

@@ -1,5 +1,5 @@
 // softmax(x W^T + b, dim=-1).
-// Pass 1: SGEMM whose epilogue stores the logits z = acc + b and, per (row, 128-column tile),
+// Pass 1: 3xTF32 tensor-core GEMM whose epilogue stores the logits z = acc + b and, per (row, 128-column tile),
 //         the partial max and sum of exp(z - max) (stats[M][ntn][2]).
 // Pass 2: one warp per row merges the ntn partials and rewrites z in place as exp(z - m) / s.
 #include "sgemm.cuh"

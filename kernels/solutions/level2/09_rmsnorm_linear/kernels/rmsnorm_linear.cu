@@ -1,7 +1,7 @@
-// linear(x * rsqrt(mean(x^2) + eps) * g): one SGEMM. The gain g multiplies W's k-columns as
-// they are loaded; each block accumulates the sum of squares of the x rows it streams through
-// (it reads all of K for its 128 rows anyway) and scales its output rows by rsqrt(ss/K + eps)
-// in the epilogue, before the bias add.
+// linear(x * rsqrt(mean(x^2) + eps) * g): one GEMM. The gain g multiplies W's k-columns as
+// their fragments are split for the tensor cores; each warp accumulates the sum of squares of the
+// x rows it streams through (it reads all of K for them anyway) and scales its output rows by
+// rsqrt(ss/K + eps) in the epilogue, before the bias add.
 #include "sgemm.cuh"
 
 namespace {
@@ -21,5 +21,5 @@ extern "C" void rmsnorm_linear(float* out, const float* x, const float* g, const
                                int64_t M, int64_t K, int64_t N, double eps, cudaStream_t stream) {
     Epi e;
     e.C = out; e.bias = bias; e.gain = g; e.invK = 1.f / (float)K; e.eps = (float)eps;
-    sg::launch(x, w, M, N, K, e, stream, 1, g);
+    sg::launch(x, w, M, N, K, e, stream);
 }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One call on the lent H200 machine: run the named stages, each under its own time limit, with
+# logs and results under $OUT (or results/h200 elsewhere). The package runs from the checkout.
+#
+#   scripts/h200-run.sh gemm:120 suite:420      stage:seconds, in order
+#
+# stages: gemm        the GEMM-family solutions at odd shapes (tests/gpu/test_gemm_solutions.py)
+#         tests       the GPU test suite (scripts/test-gpu.sh; TEST_K selects with pytest -k)
+#         suite       every shipped solution through `hpc eval-suite` at GPU scale (SUITE_ARGS adds flags)
+#         quality     timing spread over repeated evaluations and the eager-identical bias
+#         throughput  candidates per minute of one process, cold and warm caches, level 1
+# The baseline cache ($HPC_CACHE_DIR/baselines) goes back as cache.tgz, so a later call can carry it.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export PYTHONPATH="$root" PYTHONUNBUFFERED=1 HPC_CACHE_DIR="${HPC_CACHE_DIR:-$root/.cache/hpc}"
+out="${OUT:-$root/results/h200}"
+mkdir -p "$out" "$HPC_CACHE_DIR"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+    --format=csv >"$out/gpu.csv" 2>&1
+date -u +%FT%TZ >>"$out/gpu.csv"
+
+for spec in "$@"; do
+    stage="${spec%%:*}"
+    limit="${spec#*:}"
+    [ "$limit" = "$spec" ] && limit=600
+    echo "=== $stage (limit ${limit}s) $(date -u +%T)"
+    case "$stage" in
+        gemm) cmd=(python3 -m pytest -p no:cacheprovider -q tests/gpu/test_gemm_solutions.py) ;;
+        tests) cmd=(bash scripts/test-gpu.sh -q -rfE)
+               [ -n "${TEST_K:-}" ] && cmd+=(-k "$TEST_K") ;;
+        suite) cmd=(python3 -m hpc.cli eval-suite kernels/tasks kernels/solutions --backend cuda --scale gpu
+                    --out "$out/suite.h5" ${SUITE_ARGS:-}) ;;
+        quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json") ;;
+        throughput) cmd=(python3 benchmarks/eval_throughput.py --backend cuda --only level1
+                         --out "$out/throughput.json") ;;
+        *) echo "unknown stage $stage"; exit 2 ;;
+    esac
+    timeout "$limit" "${cmd[@]}" >"$out/$stage.log" 2>&1
+    rc=$?
+    tail -n 40 "$out/$stage.log"
+    echo "=== $stage exit $rc $(date -u +%T)"
+done
+tar czf "$out/cache.tgz" -C "$HPC_CACHE_DIR" baselines 2>/dev/null || true
