@@ -3,6 +3,7 @@
 # pytest's "no tests collected" (exit 5) is a failure here, not a pass.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/system-deps.sh"
 source "$root/scripts/setup-env.sh" test
 cd "$root"
 set +e

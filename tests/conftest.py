@@ -46,3 +46,39 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real local Slurm with accounting (scripts/local-slurm.sh), started for the session on free
+    ports and stopped at its end; SLURM_CONF is exported for the tests' sbatch/sacct calls."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+        pytest.skip("needs root and Slurm (scripts/system-deps.sh installs it)")
+    state = Path(tempfile.mkdtemp(prefix="hpc-slurm-"))   # not under pytest's private tmp: mysql must reach it
+    ports = {"HPC_SLURMCTLD_PORT": _free_port(), "HPC_SLURMD_PORT": _free_port(),
+             "HPC_SLURMDBD_PORT": _free_port(), "HPC_MARIADB_PORT": _free_port()}
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+    script = ROOT / "scripts" / "local-slurm.sh"
+    try:
+        up = subprocess.run(["bash", str(script), "up", str(state)], env=env, capture_output=True, text=True,
+                            timeout=300)
+        assert up.returncode == 0, up.stderr
+        os.environ["SLURM_CONF"] = str(state / "etc" / "slurm.conf")
+        yield state
+    finally:
+        subprocess.run(["bash", str(script), "down", str(state)], env=env, capture_output=True, timeout=120)
+        os.environ.pop("SLURM_CONF", None)
+        shutil.rmtree(state, ignore_errors=True)

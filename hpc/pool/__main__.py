@@ -1,0 +1,135 @@
+"""A standalone evaluation job on the reward pool: rank 0 coordinates and writes HDF5, every
+other rank is a worker with one device.
+
+    mpirun -n 5 --enable-recovery python -m mpi4py -m hpc.pool TASKS CANDIDATES --out r.h5
+    srun --mpi=pmix -n 5 python -m mpi4py -m hpc.pool TASKS CANDIDATES --out r.h5
+
+Re-running with the same --out evaluates only what is missing (task + candidate content).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from hpc.errors import UserError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mpi4py -m hpc.pool", description=__doc__.splitlines()[0])
+    p.add_argument("tasks", help="folder of problem files")
+    p.add_argument("candidates", help="folder of candidates laid out like the tasks")
+    p.add_argument("--out", required=True, help="HDF5 results file (appended; finished records are skipped)")
+    p.add_argument("--only", action="append", help="task ids containing this (repeatable)")
+    p.add_argument("--backend", choices=("cpu", "cuda"))
+    p.add_argument("--scale", choices=("cpu", "gpu"))
+    p.add_argument("--config", help="YAML evaluation config")
+    p.add_argument("--iterations", type=int, help="timed iterations")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take on a worker")
+    p.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat before a rank is lost")
+    p.add_argument("--retries", type=int, default=1, help="re-runs of a request whose worker rank was lost")
+    return p.parse_args(argv)
+
+
+def _config(args):
+    from hpc.config import load_config
+
+    cfg = load_config(args.config, backend=args.backend)
+    cfg.scale = args.scale or ("gpu" if cfg.backend == "cuda" else cfg.scale)
+    if args.iterations is not None:
+        cfg.timing.iterations = args.iterations
+        cfg.correctness.timed_checks = min(cfg.correctness.timed_checks, args.iterations)
+    cfg.validate()
+    return cfg
+
+
+def coordinate(comm, args, cfg) -> int:
+    from hpc.candidate import load_candidate
+    from hpc.config import config_to_dict
+    from hpc.pool.coordinator import Coordinator
+    from hpc.pool.messages import WorkItem
+    from hpc.results.hdf5 import ResultWriter, provenance, read_records
+    from hpc.results.record import EvalRecord
+    from hpc.suite import find_candidate
+    from hpc.task import discover_tasks
+
+    tasks = discover_tasks(args.tasks)
+    if args.only:
+        tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
+    done = set()
+    if Path(args.out).exists():
+        done = {(r.task_id, r.candidate_sha256) for r in read_records(args.out) if r.failed_stage != "pool"}
+    pool = Coordinator(comm, list(range(1, comm.Get_size())), args.dead_after, args.retries)
+    writer = ResultWriter(args.out, provenance(config_to_dict(cfg)))
+    todo = 0
+    try:
+        for task in tasks:
+            path = find_candidate(task, Path(args.candidates))
+            if path is None:
+                writer.append(EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256,
+                                         reward=cfg.reward.incorrect).fail("static", "no candidate"))
+                continue
+            try:
+                sha = load_candidate(path).sha256
+            except UserError as e:
+                writer.append(EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256,
+                                         candidate_path=str(path), reward=cfg.reward.incorrect).fail("static", str(e)))
+                continue
+            if (task.task_id, sha) in done:
+                continue
+            pool.submit(WorkItem(id=task.task_id, task=str(task.path), candidate=str(path), timeout_s=args.timeout,
+                                 meta={"task_id": task.task_id}))
+            todo += 1
+        print(f"pool: {todo} to evaluate, {len(done)} already recorded, {len(pool.live)} worker ranks",
+              file=sys.stderr, flush=True)
+        for k, result in enumerate(pool.results(), 1):
+            rec = EvalRecord(**result.record)
+            writer.append(rec)
+            state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
+            print(f"[{k}/{todo}] {rec.task_id} (rank {result.rank}, {result.seconds:.1f} s): {state}",
+                  file=sys.stderr, flush=True)
+        clean = pool.close()
+    finally:
+        writer.close()
+    for rank, reason in sorted(pool.dead.items()):
+        print(f"pool: lost {reason}", file=sys.stderr, flush=True)
+    if not clean:   # MPI_Finalize would wait for the lost ranks
+        _exit_now(0 if pool.live else 3)
+    return 0
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    try:
+        args = parse_args(argv)
+        cfg = _config(args)
+        if comm.Get_size() < 2:
+            raise UserError("the pool needs at least 2 ranks (1 coordinator + workers)")
+    except UserError as e:
+        if comm.Get_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    workers = comm.Split(0 if comm.Get_rank() == 0 else 1, comm.Get_rank())
+    if comm.Get_rank() == 0:
+        return coordinate(comm, args, cfg)
+    from hpc.pool.worker import pin_device, run_worker
+
+    if cfg.backend == "cuda":
+        pin_device(workers)
+    if not run_worker(comm, 0, cfg):
+        _exit_now(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

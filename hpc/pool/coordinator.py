@@ -1,0 +1,153 @@
+"""The pool's coordinator: one rank that queues requests, hands them to idle worker ranks and
+streams results back as they finish.
+
+A worker rank that stops sending heartbeats is declared dead: its in-flight request is re-queued
+(up to `retries` times, then recorded as failed with the reason), and no more work goes to it.
+Open MPI must be told not to end the job when a rank dies (`mpirun --enable-recovery`;
+`srun` without --kill-on-bad-exit), otherwise the job ends with the rank and only the results
+already streamed survive, which a resumed run then skips.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import asdict
+from typing import Iterator
+
+from hpc.pool.messages import BYE, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
+from hpc.results.record import EvalRecord
+
+
+class Coordinator:
+    def __init__(self, comm, workers: list[int], dead_after_s: float = 30.0, retries: int = 1,
+                 max_queued: int = 10_000):
+        self.comm = comm
+        self.live = set(workers)
+        self.dead_after_s = dead_after_s
+        self.retries = retries
+        self.max_queued = max_queued
+        self.idle: list[int] = []                      # one entry per free slot of a rank
+        self.inflight: dict[int, list[list]] = {r: [] for r in workers}   # rank -> [[item, since]]
+        self.last_seen = {r: time.monotonic() for r in workers}
+        self.dead: dict[int, str] = {}
+        self._queue: list[tuple[int, int, WorkItem]] = []
+        self._seq = itertools.count()
+        self._ready: list[Result] = []
+        self.said_bye: set[int] = set()
+
+    # -- client side -------------------------------------------------------------------------
+    def submit(self, item: WorkItem) -> None:
+        """Queue one request; blocks (serving the pool) while `max_queued` requests wait."""
+        while len(self._queue) >= self.max_queued and self.live:
+            self._serve(0.01)
+        heapq.heappush(self._queue, (item.priority, next(self._seq), item))
+
+    def pending(self) -> int:
+        return len(self._queue) + sum(map(len, self.inflight.values())) + len(self._ready)
+
+    def results(self, poll_s: float = 0.01) -> Iterator[Result]:
+        """Every submitted request's result, in completion order, until none is pending."""
+        while self.pending():
+            if not self._ready:
+                if not self.live:
+                    self._fail_everything_queued("no live worker rank left")
+                    continue
+                self._serve(poll_s)
+            while self._ready:
+                yield self._ready.pop(0)
+
+    def close(self) -> bool:
+        """Stop every live worker and wait until each has said so (or is declared lost).
+
+        Returns True when every rank stopped cleanly; False when some rank was lost, in which case
+        the workers were told to skip MPI_Finalize and so should the caller.
+        """
+        stopping, waiting = set(self.live), set(self.live)
+        while waiting:
+            message = STOP_NOW if self.dead else STOP
+            for rank in set(self.idle) & stopping:
+                self.comm.send(message, dest=rank, tag=WORK)
+                stopping.discard(rank)
+            self.idle = [r for r in self.idle if r in stopping]
+            self._receive(0.01)
+            self._check_liveness()
+            waiting = (waiting - self.said_bye) & self.live
+            stopping &= self.live
+        return not self.dead
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _serve(self, poll_s: float) -> None:
+        self._receive(poll_s)
+        self._check_liveness()
+        while self.idle and self._queue:
+            _, _, item = heapq.heappop(self._queue)
+            rank = self.idle.pop(0)
+            item.attempts += 1
+            self.inflight[rank].append([item, time.monotonic()])
+            self.comm.send(item, dest=rank, tag=WORK)
+
+    def _receive(self, poll_s: float) -> None:
+        from mpi4py import MPI
+
+        deadline = time.monotonic() + poll_s
+        while True:
+            status = MPI.Status()
+            if self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                rank, tag = status.Get_source(), status.Get_tag()
+                msg = self.comm.recv(source=rank, tag=tag)
+                self.last_seen[rank] = time.monotonic()
+                if rank not in self.live:
+                    continue   # declared dead, then heard from: its work was already given away
+                if tag == BYE:
+                    self.said_bye.add(rank)
+                elif tag == READY:
+                    self.idle.append(rank)
+                elif tag == RESULT:
+                    held = self.inflight[rank]
+                    if any(entry[0].id == msg.id for entry in held):
+                        self.inflight[rank] = held = [e for e in held if e[0].id != msg.id]
+                        if held:   # the rank's next request starts now
+                            held[0][1] = time.monotonic()
+                        self._ready.append(msg)
+            elif time.monotonic() >= deadline:
+                return
+            else:
+                time.sleep(0.001)
+
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        for rank in list(self.live):
+            held = self.inflight[rank]
+            if now - self.last_seen[rank] > self.dead_after_s:
+                self._retire(rank, f"worker rank {rank} stopped responding (no heartbeat for "
+                                   f"{now - self.last_seen[rank]:.0f} s)")
+            elif held and now - held[0][1] > held[0][0].timeout_s:
+                self._retire(rank, f"timed out after {held[0][0].timeout_s:g} s on worker rank {rank}",
+                             retry_first=False)
+
+    def _retire(self, rank: int, reason: str, retry_first: bool = True) -> None:
+        """No more work for `rank`; what it held is re-queued (the timed-out request is not)."""
+        self.live.discard(rank)
+        self.dead[rank] = reason
+        self.idle = [r for r in self.idle if r != rank]
+        held, self.inflight[rank] = self.inflight[rank], []
+        for k, (item, _) in enumerate(held):
+            if (retry_first or k > 0) and item.attempts <= self.retries:
+                heapq.heappush(self._queue, (item.priority, next(self._seq), item))
+            else:
+                self._ready.append(_failed(item, reason))
+
+    def _fail_everything_queued(self, reason: str) -> None:
+        while self._queue:
+            self._ready.append(_failed(heapq.heappop(self._queue)[2], reason))
+        for rank, held in self.inflight.items():
+            self._ready.extend(_failed(item, reason) for item, _ in held)
+            held.clear()
+
+
+def _failed(item: WorkItem, reason: str) -> Result:
+    rec = EvalRecord(candidate_path=item.candidate, reward=-1.0).fail("pool", reason, "error")
+    rec.task_id = item.meta.get("task_id", "")
+    return Result(item.id, item.kind, asdict(rec), -1, 0.0, item.meta)

@@ -1,0 +1,126 @@
+"""A worker rank of the pool: asks for work, evaluates it, sends the result, repeats.
+
+One worker per GPU: `pin_device` picks it from the rank's place among its node's workers.
+While it evaluates, a thread sends heartbeats so the coordinator can tell a slow evaluation from
+a dead rank. The next request's compilation starts while the current one runs, so the GPU does
+not wait on the compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from hpc.candidate import load_candidate
+from hpc.compile.native import compile_workdir, default_toolchain
+from hpc.config import EvalConfig
+from hpc.errors import UserError
+from hpc.pipeline import evaluate
+from hpc.pool.messages import BEAT, BYE, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
+from hpc.results.record import EvalRecord
+from hpc.task import load_task
+from hpc.verify.static import link_flags
+
+STOP_AFTER = {"evaluate": "reward", "verify": "correctness", "compile": "compile"}
+
+
+def local_device(worker_index_on_node: int) -> str:
+    """The GPU this worker owns: the n-th of CUDA_VISIBLE_DEVICES (or of all GPUs) on its node."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if visible:
+        return visible[worker_index_on_node % len(visible)]
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except ImportError:
+        count = 0
+    return str(worker_index_on_node % count) if count else ""
+
+
+def pin_device(workers_comm) -> str:
+    """Give this worker rank its own GPU: the n-th visible one, n its index among its node's
+    workers (a collective call over `workers_comm`). Returns the device, "" without GPUs."""
+    from mpi4py import MPI
+
+    node = workers_comm.Split_type(MPI.COMM_TYPE_SHARED)
+    device = local_device(node.Get_rank())
+    node.Free()
+    if device:
+        os.environ["CUDA_VISIBLE_DEVICES"] = device
+    return device
+
+
+def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0) -> bool:
+    """Serve requests from `coordinator` until told to stop.
+
+    The rank holds two slots: one request runs while the next one's workdir compiles. Returns
+    False when the coordinator said to skip MPI_Finalize (a rank of the job was lost).
+    """
+    stop = threading.Event()
+    send_lock = threading.Lock()
+
+    def send(obj, tag: int) -> None:
+        with send_lock:
+            comm.send(obj, dest=coordinator, tag=tag)
+
+    def beat() -> None:
+        while not stop.wait(beat_s):
+            send(time.time(), BEAT)
+
+    beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    beater.start()
+    pending: deque[WorkItem] = deque()
+    stopped_by = None
+    try:
+        send(None, READY)
+        send(None, READY)
+        while True:
+            while stopped_by is None and (not pending or comm.Iprobe(source=coordinator, tag=WORK)):
+                item = comm.recv(source=coordinator, tag=WORK)   # blocks only with nothing to run
+                if item in (STOP, STOP_NOW):
+                    stopped_by = item
+                else:
+                    pending.append(item)
+                    precompile(item.candidate, cfg)
+            if not pending:
+                break
+            item = pending.popleft()
+            t0 = time.monotonic()
+            rec = _run(item, cfg)
+            send(Result(item.id, item.kind, asdict(rec), comm.Get_rank(), time.monotonic() - t0, item.meta), RESULT)
+            if stopped_by is None:
+                send(None, READY)
+    finally:
+        stop.set()
+        beater.join()
+    send(None, BYE)   # after the last heartbeat: the coordinator may exit once every rank said this
+    return stopped_by != STOP_NOW
+
+
+def _run(item: WorkItem, cfg: EvalConfig) -> EvalRecord:
+    try:
+        task, candidate = load_task(item.task), load_candidate(item.candidate)
+    except UserError as e:
+        rec = EvalRecord(candidate_path=item.candidate, reward=cfg.reward.incorrect,
+                         reward_kind=cfg.reward.kind).fail("static", str(e))
+        rec.task_id = item.meta.get("task_id", "")
+        return rec
+    return evaluate(task, candidate, cfg, STOP_AFTER[item.kind])
+
+
+def precompile(candidate_path: str, cfg: EvalConfig) -> Future | None:
+    """Build a workdir candidate into the compile cache in the background (a later evaluate hits it)."""
+    path = Path(candidate_path)
+    if not path.is_dir():
+        return None
+    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(compile_workdir, path, toolchain, cfg.cache_path(), cfg.compile.timeout_s)
+    pool.shutdown(wait=False)
+    return future

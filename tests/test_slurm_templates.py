@@ -1,0 +1,60 @@
+"""The sbatch templates, submitted to a real local Slurm (slurmctld, slurmd, slurmdbd), results
+checked in HDF5."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpc.results.hdf5 import read_records
+from tests.conftest import ROOT
+from tests.test_pool import _suite
+
+TEMPLATES = ROOT / "slurm_templates"
+
+
+def sbatch(template: Path, workdir: Path, env: dict, *options: str) -> str:
+    proc = subprocess.run(["sbatch", "--parsable", f"--chdir={ROOT}", f"--output={workdir}/%j.out", *options,
+                           str(template)], env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def wait_for_job(job: str, timeout: float = 900) -> str:
+    """The job's final state from accounting (sacct), once it has one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+        if out and out[0] not in ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING"):
+            return out[0]
+        time.sleep(1)
+    raise TimeoutError(f"job {job} still not finished after {timeout} s")
+
+
+def test_reward_pool_template_evaluates_a_suite(slurm, tmp_path, cache_dir):
+    tasks, solutions = _suite(tmp_path, 3)
+    out = tmp_path / "pool.h5"
+    config = tmp_path / "oversubscribed.yaml"   # see tests/test_pool.py: 2 workers + coordinator on 2 cores
+    config.write_text("timing:\n  host_check_ratio: 0.0\n")
+    env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
+           "HPC_POOL_ARGS": f"--iterations 10 --config {config}", "HPC_PYTHON": sys.executable,
+           "HPC_CACHE_DIR": str(cache_dir)}
+    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, env, "--ntasks=3", "--export=ALL")
+    state = wait_for_job(job)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert state == "COMPLETED", log
+    records = read_records(out)
+    assert sorted(r.task_id for r in records) == ["level1/relu_0", "level1/relu_1", "level1/relu_2"], log
+    assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+
+
+def test_reward_pool_template_names_a_missing_parameter(slurm, tmp_path):
+    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, {}, "--ntasks=2",
+                 "--export=NONE,PATH=/usr/bin:/bin")
+    assert wait_for_job(job, 120) == "FAILED"
+    lines = (tmp_path / f"{job}.out").read_text().strip().splitlines()
+    assert lines == ["error: HPC_TASKS is not set (sbatch --export=ALL,HPC_TASKS=...)"]
