@@ -49,18 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args):
-    from hpc.config import load_config
+    from hpc.config import command_line_config
 
-    cfg = load_config(args.config, backend=args.backend, seed=args.seed)
-    if args.scale:
-        cfg.scale = args.scale
-    elif args.backend:
-        cfg.scale = "gpu" if args.backend == "cuda" else "cpu"
-    if args.iterations is not None:
-        cfg.timing.iterations = args.iterations
-        cfg.correctness.timed_checks = min(cfg.correctness.timed_checks, args.iterations)
-    cfg.validate()
-    return cfg
+    return command_line_config(args.config, args.backend, args.scale, args.iterations, args.seed)
 
 
 def main(argv: list[str] | None = None) -> int:

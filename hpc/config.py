@@ -206,5 +206,21 @@ def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> Eval
     return cfg
 
 
+def command_line_config(path: str | os.PathLike | None, backend: str | None = None, scale: str | None = None,
+                        iterations: int | None = None, seed: int | None = None) -> EvalConfig:
+    """The config a command asks for: the YAML file (or the defaults), then its flags on top. The
+    scale follows --scale, else the backend named by --backend, else the file's."""
+    cfg = load_config(path, backend=backend, seed=seed)
+    if scale:
+        cfg.scale = scale
+    elif backend:
+        cfg.scale = "gpu" if backend == "cuda" else "cpu"
+    if iterations is not None:
+        cfg.timing.iterations = iterations
+        cfg.correctness.timed_checks = min(cfg.correctness.timed_checks, iterations)
+    cfg.validate()
+    return cfg
+
+
 def config_to_dict(cfg: EvalConfig) -> dict:
     return dataclasses.asdict(cfg)

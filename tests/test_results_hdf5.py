@@ -100,3 +100,23 @@ def test_malformed_files_are_user_errors(tmp_path):
         read_records(other)
     with pytest.raises(UserError, match="not an hpc results file"):
         ResultWriter(other)
+
+
+def test_merging_shards_keeps_each_pair_once_preferring_a_real_result_over_a_pool_give_up(tmp_path):
+    from hpc.results.merge import merge_files
+
+    a, b = EvalRecord(task_id="level1/a", candidate_sha256="s1", reward=1.0, timestamp=1.0), \
+        EvalRecord(task_id="level1/b", candidate_sha256="s2", reward=2.0, timestamp=1.0)
+    gave_up = EvalRecord(task_id="level1/b", candidate_sha256="s2", timestamp=5.0).fail("pool", "rank lost", "error")
+    rerun = EvalRecord(task_id="level1/a", candidate_sha256="s1", reward=3.0, timestamp=9.0)
+    with ResultWriter(tmp_path / "s0.h5", {"git_commit": "abc"}) as w:
+        w.append(a)
+        w.append(gave_up)
+    with ResultWriter(tmp_path / "s1.h5") as w:
+        w.append(b)
+        w.append(rerun)
+    merged = merge_files([tmp_path / "s0.h5", tmp_path / "s1.h5"], tmp_path / "all.h5")
+    back = read_records(tmp_path / "all.h5")
+    assert [(r.task_id, r.reward) for r in back] == [("level1/a", 3.0), ("level1/b", 2.0)] == \
+        [(r.task_id, r.reward) for r in merged]
+    assert file_attrs(tmp_path / "all.h5")["git_commit"] == "abc"

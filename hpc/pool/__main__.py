@@ -34,15 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _config(args):
-    from hpc.config import load_config
+    from hpc.config import command_line_config
 
-    cfg = load_config(args.config, backend=args.backend)
-    cfg.scale = args.scale or ("gpu" if cfg.backend == "cuda" else cfg.scale)
-    if args.iterations is not None:
-        cfg.timing.iterations = args.iterations
-        cfg.correctness.timed_checks = min(cfg.correctness.timed_checks, args.iterations)
-    cfg.validate()
-    return cfg
+    return command_line_config(args.config, args.backend, args.scale, args.iterations)
 
 
 def coordinate(comm, args, cfg) -> int:
@@ -60,7 +54,7 @@ def coordinate(comm, args, cfg) -> int:
         tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
     done = set()
     if Path(args.out).exists():
-        done = {(r.task_id, r.candidate_sha256) for r in read_records(args.out) if r.failed_stage != "pool"}
+        done = {(r.task_id, r.candidate_sha256) for r in read_records(args.out) if r.status != "error"}
     pool = Coordinator(comm, list(range(1, comm.Get_size())), args.dead_after, args.retries)
     writer = ResultWriter(args.out, provenance(config_to_dict(cfg)))
     todo = 0

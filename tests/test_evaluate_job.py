@@ -1,0 +1,71 @@
+"""jobs/evaluate.py: a submitit array on a real local Slurm, one array task requeued mid-run,
+every record in the merged HDF5 exactly once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+from hpc.results.hdf5 import read_records
+from hpc.results.merge import record_key
+from tests.conftest import ROOT
+from tests.test_pool import _suite
+
+
+def _evaluate(tmp_path, *args: str, cache_dir) -> subprocess.Popen:
+    config = tmp_path / "oversubscribed.yaml"   # see tests/test_pool.py: two shards at once on 2 cores
+    config.write_text("timing:\n  host_check_ratio: 0.0\n")
+    return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "evaluate.py"), *args, "--backend", "cpu",
+                             "--iterations", "10", "--config", str(config), "--progress-every", "5"],
+                            env={**os.environ, "HPC_CACHE_DIR": str(cache_dir)}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_array_task_requeued_mid_run_leaves_every_record_once(slurm, tmp_path, cache_dir):
+    tasks, solutions = _suite(tmp_path, 6)
+    run = tmp_path / "run"
+    proc = _evaluate(tmp_path, str(tasks), str(solutions), "--out", str(run), "--shards", "2", "--executor", "slurm",
+                     cache_dir=cache_dir)
+    shard0 = run / "shard-0000.h5"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (shard0.exists() and read_records(shard0)):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.5)
+    array = next(p.name.split("_")[0] for p in (run / "submitit").glob("*_0_log.out"))
+    subprocess.run(["scontrol", "requeue", f"{array}_0"], check=True, capture_output=True, timeout=30)
+    log, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, log
+
+    states = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", f"{array}_0", "-o", "State"],
+                            capture_output=True, text=True, timeout=30).stdout.split()
+    assert "REQUEUED" in states, states
+    for shard in run.glob("shard-*.h5"):
+        counts = Counter(record_key(r) for r in read_records(shard))
+        assert max(counts.values()) == 1, counts          # the requeued task did not redo finished work
+    merged = read_records(run / "results.h5")
+    assert sorted(r.task_id for r in merged) == [f"level1/relu_{k}" for k in range(6)], log
+    assert all(r.status == "ok" and r.correct for r in merged), [r.reason for r in merged]
+
+
+def test_a_second_submission_evaluates_only_what_is_missing(tmp_path, cache_dir):
+    tasks, solutions = _suite(tmp_path, 2)
+    run = tmp_path / "run"
+    first = _evaluate(tmp_path, str(tasks), str(solutions), "--out", str(run), "--executor", "local",
+                      cache_dir=cache_dir)
+    log, _ = first.communicate(timeout=900)
+    assert first.returncode == 0, log
+    again = _evaluate(tmp_path, str(tasks), str(solutions), "--out", str(run), "--executor", "local",
+                      cache_dir=cache_dir)
+    log, _ = again.communicate(timeout=900)
+    assert again.returncode == 0 and "0 evaluated, 2 already recorded" in log, log
+    assert len(read_records(run / "results.h5")) == 2
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), str(tmp_path), str(tmp_path),
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: tasks {tmp_path}: no problem files (*.py) found"]
