@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
@@ -29,6 +30,14 @@ def find_candidate(task: Task, root: Path) -> Path | None:
     return None
 
 
+def unevaluated(task: Task, candidate_path: str | Path | None, cfg: EvalConfig, reason: str) -> EvalRecord:
+    """The record of a task whose candidate is missing or malformed: a static failure paid the
+    incorrect reward, so rates stay over ALL tasks."""
+    return EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
+                      backend=cfg.backend, candidate_path=str(candidate_path or ""), reward=cfg.reward.incorrect,
+                      reward_kind=cfg.reward.kind, timestamp=time.time()).fail("static", reason)
+
+
 def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
                    on_record: Callable[[EvalRecord], None] | None = None, jobs: int = 1) -> list[EvalRecord]:
     """Records in task order; `on_record` sees each as it finishes (in this thread).
@@ -44,9 +53,7 @@ def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
                 raise UserError(f"no candidate for {task.task_id} under {candidates_root}")
             return evaluate(task, load_candidate(path), cfg)
         except UserError as e:   # a missing or malformed candidate is one failed record, not a stopped suite
-            return EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
-                              backend=cfg.backend, candidate_path=str(path or ""), reward=cfg.reward.incorrect,
-                              reward_kind=cfg.reward.kind).fail("static", str(e))
+            return unevaluated(task, path, cfg, str(e))
 
     records: dict[int, EvalRecord] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

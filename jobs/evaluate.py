@@ -41,7 +41,7 @@ class EvaluateShard(submitit.helpers.Checkpointable):
         from hpc.pipeline import evaluate
         from hpc.results.hdf5 import ResultWriter, provenance, read_records
         from hpc.results.merge import record_key
-        from hpc.results.record import EvalRecord
+        from hpc.suite import unevaluated
         from hpc.task import load_task
 
         path = Path(out_dir) / f"shard-{shard:04d}.h5"
@@ -61,8 +61,7 @@ class EvaluateShard(submitit.helpers.Checkpointable):
                 else:
                     reason = f"no candidate for {task.task_id}"
                 if candidate is None:
-                    rec = EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256,
-                                     candidate_path=candidate_path, reward=cfg.reward.incorrect).fail("static", reason)
+                    rec = unevaluated(task, candidate_path, cfg, reason)
                     if record_key(rec) in done:
                         continue
                 elif (task.task_id, candidate.sha256) in done:

@@ -104,3 +104,11 @@ def test_a_worker_rank_killed_mid_batch_loses_no_result(tmp_path, cache_dir):
     records = read_records(out)
     assert sorted(r.task_id for r in records) == [f"level1/relu_{k}" for k in range(6)], log
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+
+
+def test_a_request_of_unknown_kind_is_refused_at_submit():
+    from hpc.pool.coordinator import Coordinator
+    from hpc.pool.messages import WorkItem
+
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Coordinator(comm=None, workers=[]).submit(WorkItem(id="x", task="t.py", candidate="c", kind="profile"))

@@ -46,7 +46,7 @@ def coordinate(comm, args, cfg) -> int:
     from hpc.pool.messages import WorkItem
     from hpc.results.hdf5 import ResultWriter, provenance, read_records
     from hpc.results.record import EvalRecord
-    from hpc.suite import find_candidate
+    from hpc.suite import find_candidate, unevaluated
     from hpc.task import discover_tasks
 
     tasks = discover_tasks(args.tasks)
@@ -62,14 +62,12 @@ def coordinate(comm, args, cfg) -> int:
         for task in tasks:
             path = find_candidate(task, Path(args.candidates))
             if path is None:
-                writer.append(EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256,
-                                         reward=cfg.reward.incorrect).fail("static", "no candidate"))
+                writer.append(unevaluated(task, None, cfg, f"no candidate for {task.task_id} under {args.candidates}"))
                 continue
             try:
                 sha = load_candidate(path).sha256
             except UserError as e:
-                writer.append(EvalRecord(task_id=task.task_id, task_level=task.level, task_sha256=task.sha256,
-                                         candidate_path=str(path), reward=cfg.reward.incorrect).fail("static", str(e)))
+                writer.append(unevaluated(task, path, cfg, str(e)))
                 continue
             if (task.task_id, sha) in done:
                 continue

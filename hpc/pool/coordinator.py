@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from typing import Iterator
 
-from hpc.pool.messages import BYE, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
+from hpc.pool.messages import BYE, KINDS, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
 from hpc.results.record import EvalRecord
 
 
@@ -40,6 +40,8 @@ class Coordinator:
     # -- client side -------------------------------------------------------------------------
     def submit(self, item: WorkItem) -> None:
         """Queue one request; blocks (serving the pool) while `max_queued` requests wait."""
+        if item.kind not in KINDS:   # caught here, not as a crashed worker rank
+            raise ValueError(f"request {item.id}: kind must be one of {KINDS}, got {item.kind!r}")
         while len(self._queue) >= self.max_queued and self.live:
             self._serve(0.01)
         heapq.heappush(self._queue, (item.priority, next(self._seq), item))
