@@ -24,6 +24,14 @@ from hpc.suite import evaluate_suite  # noqa: E402
 from hpc.task import discover_tasks  # noqa: E402
 
 
+def _stage_totals(records) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for r in records:
+        for stage, seconds in json.loads(r.stage_seconds or "{}").items():
+            totals[stage] = round(totals.get(stage, 0.0) + seconds, 2)
+    return totals
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default=str(ROOT / "kernels/tasks"))
@@ -51,9 +59,11 @@ def main() -> None:
             ok = sum(r.status == "ok" for r in records)
             figures[name] = {"wall_s": wall, "candidates": len(records), "ok": ok,
                              "per_min": 60.0 * len(records) / wall,
-                             "per_candidate_s": {r.task_id: r.wall_seconds for r in records}}
+                             "per_candidate_s": {r.task_id: r.wall_seconds for r in records},
+                             "stage_s": _stage_totals(records)}
             print(f"{name}: {len(records)} candidates ({ok} ok) in {wall:.1f} s = "
-                  f"{figures[name]['per_min']:.2f} candidates/min", flush=True)
+                  f"{figures[name]['per_min']:.2f} candidates/min; seconds by stage {figures[name]['stage_s']}",
+                  flush=True)
     figures["hardware"] = records[0].hardware if records else ""
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))

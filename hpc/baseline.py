@@ -14,7 +14,8 @@ from pathlib import Path
 from hpc.config import EvalConfig
 from hpc.hardware import device_name, versions
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.timing import TimingStats
+from hpc.profile.start_gate import start_gate_library
+from hpc.profile.timing import PROTOCOL, TimingStats
 from hpc.sandbox.process import SandboxedProcess
 from hpc.task import Task
 
@@ -28,8 +29,9 @@ class Baseline:
 
 def baseline_key(task: Task, program: str, cfg: EvalConfig) -> str:
     t = cfg.timing
-    parts = [task.sha256, cfg.scale, cfg.backend, device_name(cfg.backend), versions()["torch"], program,
-             str((t.warmup, t.iterations, t.flush_cache, t.flush_bytes_cpu, t.flush_bytes_cuda))]
+    parts = [task.sha256, cfg.scale, cfg.backend, device_name(cfg.backend), versions()["torch"], program, PROTOCOL,
+             str((t.warmup, t.iterations, t.flush_cache, t.flush_bytes_cpu, t.flush_bytes_cuda,
+                  t.start_gate_timeout_us))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -68,10 +70,19 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
         with SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend) as proc:
             with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
                 proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
-                              "device": cfg.backend, "program": name, "mode": mode or "default"})
+                              "device": cfg.backend, "program": name, "mode": mode or "default",
+                              **timing_setup(cfg)})
             with lock.exclusive():
                 reply = proc.request(timing_request(cfg, seed=init_seed + 1))
     return TimingStats.of(reply["times_ms"])
+
+
+def timing_setup(cfg: EvalConfig) -> dict:
+    """What a timed program's setup message needs for the timing protocol (cuda: the start gate)."""
+    if cfg.backend != "cuda":
+        return {}
+    return {"start_gate": str(start_gate_library(cfg.cache_path(), cfg.compile.cuda_arch)),
+            "start_gate_timeout_us": cfg.timing.start_gate_timeout_us}
 
 
 def timing_request(cfg: EvalConfig, seed: int) -> dict:

@@ -2,6 +2,8 @@
 
     hpc eval TASK CANDIDATE [--backend cpu|cuda] [--scale cpu|gpu] [--out FILE.h5] [--json]
     hpc eval-suite TASKS CANDIDATES [--backend ...] [--scale ...] [--out FILE.h5] [--only SUBSTR]
+    hpc import-kernelbench EVAL_RESULTS --level N --out FILE.h5 [--baseline-eager F] [--baseline-compile F]
+        [--tasks DIR]
 
 Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage
 (its record is still printed and written, the reason on stderr); 2 bad input (one `error:` line).
@@ -45,6 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--jobs", type=int, default=1,
                        help="evaluations at once on the device; timed runs still take it alone (default 1)")
     _common(suite)
+    imp = sub.add_parser("import-kernelbench", help="convert KernelBench's eval_results.json to records")
+    imp.add_argument("eval_results", help="KernelBench's runs/<run>/eval_results.json")
+    imp.add_argument("--level", type=int, required=True, help="the KernelBench level that run evaluated")
+    imp.add_argument("--out", required=True, help="append the records to this HDF5 file")
+    imp.add_argument("--baseline-eager", help="KernelBench's results/timing/<hardware>/baseline_time_torch.json")
+    imp.add_argument("--baseline-compile",
+                     help="KernelBench's results/timing/<hardware>/baseline_time_torch_compile_inductor_default.json")
+    imp.add_argument("--tasks", help="KernelBench's problem files (its KernelBench/ or levelN folder): the "
+                                     "records get their task ids and hashes")
     return parser
 
 
@@ -67,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    if args.command == "import-kernelbench":
+        return _import_kernelbench(args)
     from pathlib import Path
 
     from hpc.candidate import load_candidate
@@ -111,6 +124,25 @@ def _run(args) -> int:
     finally:
         if writer:
             writer.close()
+
+
+def _import_kernelbench(args) -> int:
+    from pathlib import Path
+
+    from hpc.results.hdf5 import ResultWriter
+    from hpc.results.kernelbench import SOURCE, import_config, import_kernelbench
+    from hpc.suite import summary_table
+
+    eval_results = Path(args.eval_results)
+    tasks, eager, compiled = (Path(p) if p else None for p in (args.tasks, args.baseline_eager, args.baseline_compile))
+    records = import_kernelbench(eval_results, args.level, tasks, eager, compiled)
+    attrs = {"source": SOURCE, "config": import_config(eval_results, args.level, tasks, eager, compiled)}
+    with ResultWriter(args.out, attrs) as writer:
+        for rec in records:
+            writer.append(rec)
+    print(summary_table(records))
+    print(f"imported {len(records)} records into {args.out}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

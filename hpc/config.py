@@ -43,6 +43,7 @@ class TimingConfig:
     flush_bytes_cuda: int = 256 << 20
     host_check_calls: int = 20            # single calls timed by the worker and by the harness's own clock
     host_check_ratio: float = 0.25         # worker's fastest below ratio x the harness's fastest: rejected
+    start_gate_timeout_us: float = 500.0  # cuda: longest the start gate waits for the call's host side
 
 
 @dataclass
@@ -140,7 +141,8 @@ class EvalConfig:
                            "floor.tflops_cuda": self.floor.tflops_cuda, "floor.tflops_cpu": self.floor.tflops_cpu,
                            "floor.bandwidth_gb_s_cpu": self.floor.bandwidth_gb_s_cpu,
                            "correctness.timed_checks": self.correctness.timed_checks,
-                           "timing.host_check_ratio": self.timing.host_check_ratio}.items():
+                           "timing.host_check_ratio": self.timing.host_check_ratio,
+                           "timing.start_gate_timeout_us": self.timing.start_gate_timeout_us}.items():
             if value < 0:
                 raise UserError(f"config {key}: must be >= 0, got {value}")
         if self.correctness.timed_checks > self.timing.iterations:

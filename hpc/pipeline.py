@@ -11,12 +11,13 @@ import json
 import math
 import os
 import secrets
+import statistics
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from hpc.baseline import get_baselines, timing_request
+from hpc.baseline import get_baselines, timing_request, timing_setup
 from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig, config_to_dict
@@ -53,20 +54,36 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
         versions=json.dumps(versions()), policy=json.dumps(config["policy"]),
         config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
     workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
+    clock = _StageClock()
     try:
-        _run_stages(rec, task, candidate, cfg, workroot, stop_after)
+        _run_stages(rec, task, candidate, cfg, workroot, stop_after, clock)
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
+        rec.stage_seconds = json.dumps(clock.seconds)
     if rec.status == "failed":
         rec.reward = cfg.reward.incorrect
     rec.wall_seconds = time.monotonic() - t0
     return rec
 
 
+class _StageClock:
+    """Seconds per stage, kept with the record: where an evaluation's time goes."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def mark(self, stage: str) -> None:
+        now = time.monotonic()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self._last, 4)
+        self._last = now
+
+
 def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, workroot: Path,
-                stop_after: str) -> None:
+                stop_after: str, clock: _StageClock) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
               or kernel_defect(candidate.files, cfg.policy.libraries))
+    clock.mark("static")
     if defect:
         rec.fail("static", defect)
         return
@@ -74,6 +91,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     model_file = candidate.materialize(cand_dir)
     ref_dir.mkdir()
     env, writable = _compile(rec, candidate, cfg, cand_dir)
+    clock.mark("compile")
     if rec.failed_stage or stop_after == "compile":
         return
     rng = secrets.SystemRandom()
@@ -101,26 +119,33 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         stage = "load"
         try:
             with lock.shared():
-                cand.request({**setup, "program": "candidate", "model_file": str(model_file),
+                cand.request({**setup, **timing_setup(cfg), "program": "candidate", "model_file": str(model_file),
                               "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
                                          "require_custom_kernel": cfg.policy.require_custom_kernel}})
             rec.compiled = True
+            clock.mark("load")
             stage = "correctness"
             dtypes = _check_correctness(rec, ref, cand, trials, cfg, lock)
+            clock.mark("correctness")
             if rec.failed_stage or stop_after == "correctness":
                 return
             stage = "timing"
             _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes, lock)
+            clock.mark("timing")
             if rec.failed_stage:
                 return
         except SandboxError as e:
+            clock.mark(stage)
             _fail_from_sandbox(rec, stage, e, candidate)
             return
+    clock.mark("shutdown")
     try:
         baselines = get_baselines(task, cfg, init_seed, lock)
     except SandboxError as e:
         rec.fail("baseline", f"baseline failed: {e.reason}", "error")
         return
+    finally:
+        clock.mark("baseline")
     eager = baselines["eager"].stats
     compiled = min((b.stats for name, b in baselines.items() if name.startswith("compile")),
                    key=lambda s: s.median_ms)
@@ -226,6 +251,9 @@ def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProce
     stats = TimingStats.of(times)
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
+    host = reply.get("host_ms")
+    if isinstance(host, list) and host and all(isinstance(x, float) for x in host):
+        rec.candidate_host_ms = statistics.median(host)
     if reply.get("timers_intact") is not True:
         rec.fail("timing", "timer functions were replaced during the run")
         return

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable
 
+from hpc.analysis.metrics import make_run, summarize_run
 from hpc.candidate import load_candidate
 from hpc.config import EvalConfig
 from hpc.errors import UserError
@@ -88,22 +89,11 @@ def summary_table(records: list[EvalRecord]) -> str:
                      f"{_fmt(r.compile_ms):>10} {_fmt(r.speedup_eager, '.2f'):>8} {_fmt(r.speedup_compile, '.2f'):>10}"
                      f"  {status}")
     lines.append("")
-    levels = sorted({r.task_level for r in records})
-    groups = [(f"level {lv}", [r for r in records if r.task_level == lv]) for lv in levels] + [("all", records)]
     lines.append(f"{'group':<10} {'n':>3} {'correct':>8} {'>eager':>7} {'>compile':>9} {'geo vs eager':>13} "
                  f"{'geo vs compile':>15} {'mean reward':>12}")
-    for name, group in groups:
-        n = len(group)
-        ok = [r for r in group if r.correct and not r.failed_stage]
-        lines.append(f"{name:<10} {n:>3} {len(ok) / n:>8.0%} "
-                     f"{sum(r.speedup_eager > 1.05 for r in ok) / n:>7.0%} "
-                     f"{sum(r.speedup_compile > 1.05 for r in ok) / n:>9.0%} "
-                     f"{_fmt(geomean([r.speedup_eager for r in ok]), '.2f'):>13} "
-                     f"{_fmt(geomean([r.speedup_compile for r in ok]), '.2f'):>15} "
-                     f"{sum(r.reward for r in group) / n:>12.2f}")
+    summary = summarize_run(make_run(records))
+    for s in [*summary.levels.values(), summary.overall]:
+        lines.append(f"{s.name:<10} {s.samples:>3} {s.pass_rate:>8.0%} {s.faster_eager:>7.0%} {s.faster_compile:>9.0%} "
+                     f"{_fmt(s.geomean_eager, '.2f'):>13} {_fmt(s.geomean_compile, '.2f'):>15} "
+                     f"{_fmt(s.mean_reward, '.2f'):>12}")
     return "\n".join(lines)
-
-
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0 and math.isfinite(x)]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan

@@ -3,7 +3,9 @@
     python jobs/evaluate.py TASKS CANDIDATES --out RUN_DIR --shards 8 [--backend cuda]
         [--partition gpu --account ACC --time 120 --gpus-per-task 1] [--executor auto|slurm|local]
 
-CANDIDATES is laid out like TASKS (a workdir or single file per task id, e.g. kernels/solutions).
+CANDIDATES is laid out like TASKS (a workdir or single file per task id, e.g. kernels/solutions),
+or is a samples file (`*.h5`, docs/formats.md: any number of generated samples per task, from any
+model), whose samples are written out as candidates under RUN_DIR/samples/<task id>/<sample id>/.
 Each array task writes RUN_DIR/shard-NNNN.h5 and skips what that file already holds, so a
 requeued task (preemption, the time limit: submitit checkpoints and requeues it) or a
 re-submission evaluates only what is missing. When every shard is done the shards are merged
@@ -28,6 +30,7 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.errors import UserError  # noqa: E402
+from hpc.executor import add_executor_args, make_executor  # noqa: E402
 
 
 class EvaluateShard(submitit.helpers.Checkpointable):
@@ -100,7 +103,8 @@ def _watch_for_sigterm() -> threading.Event:
     return seen
 
 
-def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None) -> list[tuple[str, str]]:
+def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None, out: Path) -> list[tuple[str, str]]:
+    from hpc.samples import sample_candidates
     from hpc.suite import find_candidate
     from hpc.task import discover_tasks
 
@@ -109,6 +113,8 @@ def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None) -> l
         tasks = [t for t in tasks if any(s in t.task_id for s in only)]
     if not tasks:
         raise UserError(f"no task under {tasks_dir}" + (f" matches {only}" if only else ""))
+    if Path(candidates_dir).suffix == ".h5":
+        return [(str(t.path), str(p or "")) for t, p in sample_candidates(candidates_dir, tasks, out / "samples")]
     if not Path(candidates_dir).is_dir():
         raise UserError(f"candidates {candidates_dir}: no such folder")
     return [(str(t.path), str(find_candidate(t, Path(candidates_dir)) or "")) for t in tasks]
@@ -117,20 +123,19 @@ def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None) -> l
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jobs/evaluate.py", description=__doc__.splitlines()[0])
     p.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
-    p.add_argument("candidates", help="folder of candidates laid out like the tasks")
+    p.add_argument("candidates", help="folder of candidates laid out like the tasks, or a samples file (.h5)")
     p.add_argument("--out", required=True, help="run folder: shard files, submitit logs, results.h5")
     p.add_argument("--shards", type=int, default=1, help="array tasks (default 1)")
+    p.add_argument("--shard", type=int, default=None,
+                   help="evaluate only this shard of --shards, here and now (an array task of "
+                        "slurm_templates/evaluate_array.sbatch); the analysis job merges the shards")
     p.add_argument("--only", action="append", help="task ids containing this (repeatable)")
     p.add_argument("--backend", choices=("cpu", "cuda"))
     p.add_argument("--scale", choices=("cpu", "gpu"))
     p.add_argument("--config", help="YAML evaluation config")
     p.add_argument("--iterations", type=int, help="timed iterations")
-    p.add_argument("--executor", choices=("auto", "slurm", "local"), default="auto")
-    p.add_argument("--partition", help="Slurm partition")
-    p.add_argument("--account", help="Slurm account")
-    p.add_argument("--time", type=int, default=60, help="minutes per array task (default 60)")
+    add_executor_args(p, minutes=60)
     p.add_argument("--gpus-per-task", type=int, default=0)
-    p.add_argument("--cpus-per-task", type=int, default=None)
     p.add_argument("--parallelism", type=int, default=None, help="array tasks running at once")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
     return p.parse_args(argv)
@@ -147,24 +152,24 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         if args.shards < 1:
             raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
+        if args.shard is not None and not 0 <= args.shard < args.shards:
+            raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = _config(args)
-        items = work_items(args.tasks, args.candidates, args.only)
+        out = Path(args.out).resolve()
+        items = work_items(args.tasks, args.candidates, args.only, out)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.shard is not None:
+        summary = EvaluateShard()(args.shard, args.shards, items, str(out), cfg)
+        print(f"evaluate: shard {args.shard} of {args.shards} done ({summary['evaluated']} evaluated, "
+              f"{summary['skipped']} already recorded) in {summary['file']}", file=sys.stderr, flush=True)
+        return 0
     shards = min(args.shards, len(items))
-    executor = submitit.AutoExecutor(folder=out / "submitit", cluster=None if args.executor == "auto" else args.executor)
-    params = {"timeout_min": args.time, "name": "hpc-evaluate", "tasks_per_node": 1}
-    if args.gpus_per_task:
-        params["gpus_per_node"] = args.gpus_per_task
-    if args.cpus_per_task:
-        params["cpus_per_task"] = args.cpus_per_task
-    if executor.cluster == "slurm":
-        params.update({k: v for k, v in {"slurm_partition": args.partition, "slurm_account": args.account,
-                                         "slurm_array_parallelism": args.parallelism}.items() if v is not None})
-    executor.update_parameters(**params)
+    executor = make_executor(out / "submitit", args.executor, "hpc-evaluate", args.time,
+                             gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
+                             partition=args.partition, account=args.account, parallelism=args.parallelism)
     jobs = executor.map_array(EvaluateShard(), range(shards), [shards] * shards, [items] * shards,
                               [str(out)] * shards, [cfg] * shards)
     print(f"evaluate: {len(items)} items in {shards} shards, {executor.cluster} job {jobs[0].job_id.split('_')[0]}",

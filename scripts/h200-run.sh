@@ -7,6 +7,8 @@
 # stages: gemm        the GEMM-family solutions at odd shapes (tests/gpu/test_gemm_solutions.py)
 #         tests       the GPU test suite (scripts/test-gpu.sh; TEST_K selects with pytest -k)
 #         suite       every shipped solution through `hpc eval-suite` at GPU scale (SUITE_ARGS adds flags)
+#         hostpath    where the host side of a timed call goes (candidate vs eager)
+#         protocol    the timing protocol on spin kernels of known duration vs naive events
 #         quality     timing spread over repeated evaluations and the eager-identical bias
 #         throughput  candidates per minute of one process, cold and warm caches, level 1
 # The baseline cache ($HPC_CACHE_DIR/baselines) goes back as cache.tgz, so a later call can carry it.
@@ -27,11 +29,13 @@ for spec in "$@"; do
     echo "=== $stage (limit ${limit}s) $(date -u +%T)"
     case "$stage" in
         gemm) cmd=(python3 -m pytest -p no:cacheprovider -q tests/gpu/test_gemm_solutions.py) ;;
-        tests) cmd=(bash scripts/test-gpu.sh -q -rfE)
+        tests) cmd=(bash scripts/test-gpu.sh -q -rfE --durations=25)
                [ -n "${TEST_K:-}" ] && cmd+=(-k "$TEST_K") ;;
         suite) cmd=(python3 -m hpc.cli eval-suite kernels/tasks kernels/solutions --backend cuda --scale gpu
                     --out "$out/suite.h5" ${SUITE_ARGS:-}) ;;
-        quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json") ;;
+        hostpath) cmd=(python3 benchmarks/host_path.py) ;;
+        protocol) cmd=(python3 benchmarks/timing_protocol.py --out "$out/protocol.json") ;;
+        quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json" ${QUALITY_ARGS:-}) ;;
         throughput) cmd=(python3 benchmarks/eval_throughput.py --backend cuda --only level1
                          --out "$out/throughput.json") ;;
         *) echo "unknown stage $stage"; exit 2 ;;

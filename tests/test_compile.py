@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.compile.native import cache_key, compile_workdir, default_toolchain, kernel_sources
+from hpc.compile.native import cache_key, compile_workdir, default_toolchain, kernel_sources, symbol_defect
 from tests.conftest import ROOT, TESTS
 
 HONEST = TESTS / "fixtures" / "honest_relu"
@@ -89,3 +89,13 @@ def test_every_shipped_cuda_source_compiles(tmp_path):
     for work in workdirs:
         result = compile_workdir(work, default_toolchain("cuda"), tmp_path)
         assert result.ok, f"{work}: {result.log[-2000:]}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_timing_start_gate_builds_once_and_passes_the_symbol_check(tmp_path):
+    from hpc.profile.start_gate import start_gate_library
+
+    library = start_gate_library(tmp_path, "sm_90")
+    assert library.is_file() and symbol_defect(library) == ""
+    assert start_gate_library(tmp_path, "sm_90") == library
+    assert len(list((tmp_path / "native").iterdir())) == 1

@@ -69,6 +69,20 @@ def test_pool_answers_every_request_once_and_a_rerun_skips_finished_ones(tmp_pat
     assert len(read_records(out)) == 4
 
 
+def test_one_worker_rank_runs_evaluations_concurrently(tmp_path, cache_dir):
+    """--concurrency 2: one rank answers every request once, and its evaluations overlap in time."""
+    tasks, solutions = _suite(tmp_path, 4)
+    out = tmp_path / "pool.h5"
+    proc = _pool(2, tasks, solutions, out, cache_dir, "--concurrency", "2")
+    log = _finish(proc)
+    assert proc.returncode == 0, log
+    records = sorted(read_records(out), key=lambda r: r.timestamp)
+    assert sorted(r.task_id for r in records) == [f"level1/relu_{k}" for k in range(4)]
+    assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+    assert any(b.timestamp < a.timestamp + a.wall_seconds for a, b in zip(records, records[1:])), [
+        (r.timestamp, r.wall_seconds) for r in records]
+
+
 def _rank_pid(rank: int, root: Path) -> int | None:
     """The pid of MPI rank `rank` of the pool run whose TMPDIR is `root`."""
     for entry in Path("/proc").iterdir():

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import pytest
@@ -120,3 +118,31 @@ def test_merging_shards_keeps_each_pair_once_preferring_a_real_result_over_a_poo
     assert [(r.task_id, r.reward) for r in back] == [("level1/a", 3.0), ("level1/b", 2.0)] == \
         [(r.task_id, r.reward) for r in merged]
     assert file_attrs(tmp_path / "all.h5")["git_commit"] == "abc"
+
+
+def test_a_version_1_file_reads_with_newer_columns_as_defaults_and_takes_no_appends(tmp_path):
+    """Files from before a column was added stay readable; appending would mix schemas, so it is refused."""
+    from hpc.results.hdf5 import ADDED_IN, GROUP
+
+    path = tmp_path / "v1.h5"
+    with ResultWriter(path) as w:
+        w.append(EvalRecord(task_id="level1/x", candidate_ms=2.0, candidate_host_ms=0.5))
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = 1
+        for name in ADDED_IN:
+            del f[GROUP][name]
+    (rec,) = read_records(path)
+    assert rec.task_id == "level1/x" and rec.candidate_ms == 2.0 and math.isnan(rec.candidate_host_ms)
+    with pytest.raises(UserError, match="schema version 1; new results go to a new file"):
+        ResultWriter(path)
+
+
+def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
+    path = tmp_path / "r.h5"
+    with ResultWriter(path) as w:
+        for k in range(50):
+            w.append(EvalRecord(task_id=f"level1/t{k}", reason="x" * 200))
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(UserError, match="cannot read as HDF5"):
+        read_records(cut)

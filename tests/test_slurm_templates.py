@@ -3,6 +3,7 @@ checked in HDF5."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,48 @@ def test_reward_pool_template_names_a_missing_parameter(slurm, tmp_path):
     assert wait_for_job(job, 120) == "FAILED"
     lines = (tmp_path / f"{job}.out").read_text().strip().splitlines()
     assert lines == ["error: HPC_TASKS is not set (sbatch --export=ALL,HPC_TASKS=...)"]
+
+
+def test_analyze_template_writes_a_report(slurm, tmp_path):
+    from tests.test_analysis import assert_png, write_suite, write_two_runs
+
+    run1, run2 = write_two_runs(tmp_path)
+    out = tmp_path / "report"
+    env = {"HPC_RUNS": f"{run1} {run2}", "HPC_OUT": str(out), "HPC_TASKS": str(write_suite(tmp_path)),
+           "HPC_NAMES": "first second", "HPC_PYTHON": sys.executable}
+    job = sbatch(TEMPLATES / "analyze.sbatch", tmp_path, env, "--export=ALL")
+    state = wait_for_job(job, 300)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert state == "COMPLETED", log
+    assert log.strip().splitlines()[-1] == str(out / "report.md"), log
+    assert "| first | 50.0% | 25.0% | 25.0% |" in (out / "report.md").read_text()
+    assert_png(out / "fast_p.png")
+
+
+def test_pipeline_chains_an_evaluation_array_and_the_analysis_with_afterok(slurm, tmp_path, cache_dir):
+    """pipeline.sh: a 2-task evaluation array, then the analysis once both shards succeeded."""
+    tasks, solutions = _suite(tmp_path, 3)
+    run = tmp_path / "run"
+    config = tmp_path / "oversubscribed.yaml"   # see tests/test_pool.py: two shards at once on 2 cores
+    config.write_text("timing:\n  host_check_ratio: 0.0\n")
+    env = {**os.environ, "HPC_BACKEND": "cpu", "HPC_EVAL_ARGS": f"--iterations 10 --config {config}",
+           "HPC_PYTHON": sys.executable, "HPC_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run(["bash", str(TEMPLATES / "pipeline.sh"), str(tasks), str(solutions), str(run), "2"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    analyze_job = proc.stdout.strip().splitlines()[-1].split(": ")[1].split()[0]
+    state = wait_for_job(analyze_job)
+    logs = "\n".join(p.read_text() for p in sorted(run.glob("*.out")))
+    assert state == "COMPLETED", logs
+    assert sorted(p.name for p in run.glob("shard-*.h5")) == ["shard-0000.h5", "shard-0001.h5"]
+    records = read_records(run / "results.h5")
+    assert sorted(r.task_id for r in records) == ["level1/relu_0", "level1/relu_1", "level1/relu_2"], logs
+    assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+    (summary,) = json.loads((run / "report" / "summary.json").read_text())["runs"]
+    assert summary["overall"]["samples"] == 3 and summary["overall"]["pass_rate"] == 1.0, summary
+
+
+def test_pipeline_refuses_a_bad_shard_count(tmp_path):
+    proc = subprocess.run(["bash", str(TEMPLATES / "pipeline.sh"), "t", "c", str(tmp_path / "r"), "zero"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: SHARDS must be a positive integer, got 'zero'"

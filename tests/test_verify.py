@@ -92,6 +92,11 @@ def test_continuous_reward_is_the_speedup_over_compile():
     ("class ModelNew:\n    def f(self): return eval('1')\n", "use of eval"),
     ("class ModelNew:\n    def f(self): return self.f.__globals__\n", ".__globals__"),
     ("import torch\nclass ModelNew:\n    def f(self): return torch._C\n", "._C"),
+    ("import torch\nclass ModelNew:\n    def f(self): return torch.sys.modules\n", ".modules"),
+    ("import torch\nclass ModelNew:\n    def f(self): return torch.ctypes\n", ".ctypes"),
+    ("import torch\nclass ModelNew:\n    def f(self): return torch.sys\n", ".sys"),
+    ("import torch\nclass ModelNew:\n    def f(self): torch.save(self, 'x')\n", ".save"),
+    ("class ModelNew:\n    def f(self): return ().__class__.__base__\n", ".__base__"),
     ("class Other: pass\n", "defines no class ModelNew"),
     ("class ModelNew(:\n", "syntax error"),
 ])

@@ -30,7 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take on a worker")
     p.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat before a rank is lost")
     p.add_argument("--retries", type=int, default=1, help="re-runs of a request whose worker rank was lost")
-    return p.parse_args(argv)
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="evaluations at once per worker rank (they share its device; timings take turns)")
+    args = p.parse_args(argv)
+    if args.concurrency < 1:
+        raise UserError(f"--concurrency: must be >= 1, got {args.concurrency}")
+    return args
 
 
 def _config(args):
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.backend == "cuda":
         pin_device(workers)
-    if not run_worker(comm, 0, cfg):
+    if not run_worker(comm, 0, cfg, concurrency=args.concurrency):
         _exit_now(0)
     return 0
 

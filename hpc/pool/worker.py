@@ -2,8 +2,9 @@
 
 One worker per GPU: `pin_device` picks it from the rank's place among its node's workers.
 While it evaluates, a thread sends heartbeats so the coordinator can tell a slow evaluation from
-a dead rank. The next request's compilation starts while the current one runs, so the GPU does
-not wait on the compiler.
+a dead rank. Several requests run at once (`concurrency`), sharing the device except while one is
+timed, and the next request's compilation starts while they run, so the GPU does not wait on the
+compiler.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict
 from pathlib import Path
 
@@ -56,11 +57,13 @@ def pin_device(workers_comm) -> str:
     return device
 
 
-def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0) -> bool:
+def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, concurrency: int = 1) -> bool:
     """Serve requests from `coordinator` until told to stop.
 
-    The rank holds two slots: one request runs while the next one's workdir compiles. Returns
-    False when the coordinator said to skip MPI_Finalize (a rank of the job was lost).
+    Up to `concurrency` requests are evaluated at once on this rank's device (their compiles,
+    correctness runs and transfers overlap; each timing holds the device alone through
+    hpc.profile.device_lock), and one more waits with its workdir compiling. Returns False when
+    the coordinator said to skip MPI_Finalize (a rank of the job was lost).
     """
     stop = threading.Event()
     send_lock = threading.Lock()
@@ -76,31 +79,44 @@ def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0) -> 
     beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
     beater.start()
     pending: deque[WorkItem] = deque()
+    running: dict[Future, WorkItem] = {}
+    executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="evaluate")
     stopped_by = None
     try:
-        send(None, READY)
-        send(None, READY)
+        for _ in range(concurrency + 1):
+            send(None, READY)
         while True:
-            while stopped_by is None and (not pending or comm.Iprobe(source=coordinator, tag=WORK)):
-                item = comm.recv(source=coordinator, tag=WORK)   # blocks only with nothing to run
+            # take every request that has arrived; block for one only when nothing is running or waiting
+            while stopped_by is None and ((not pending and not running) or comm.Iprobe(source=coordinator, tag=WORK)):
+                item = comm.recv(source=coordinator, tag=WORK)
                 if item in (STOP, STOP_NOW):
                     stopped_by = item
                 else:
                     pending.append(item)
                     precompile(item.candidate, cfg)
-            if not pending:
+            while pending and len(running) < concurrency:
+                item = pending.popleft()
+                running[executor.submit(_timed_run, item, cfg)] = item
+            if not running:
                 break
-            item = pending.popleft()
-            t0 = time.monotonic()
-            rec = _run(item, cfg)
-            send(Result(item.id, item.kind, asdict(rec), comm.Get_rank(), time.monotonic() - t0, item.meta), RESULT)
-            if stopped_by is None:
-                send(None, READY)
+            finished, _ = wait(running, timeout=0.05, return_when=FIRST_COMPLETED)
+            for future in finished:
+                item = running.pop(future)
+                rec, seconds = future.result()
+                send(Result(item.id, item.kind, asdict(rec), comm.Get_rank(), seconds, item.meta), RESULT)
+                if stopped_by is None:
+                    send(None, READY)
     finally:
+        executor.shutdown(wait=True)
         stop.set()
         beater.join()
     send(None, BYE)   # after the last heartbeat: the coordinator may exit once every rank said this
     return stopped_by != STOP_NOW
+
+
+def _timed_run(item: WorkItem, cfg: EvalConfig) -> tuple[EvalRecord, float]:
+    t0 = time.monotonic()
+    return _run(item, cfg), time.monotonic() - t0
 
 
 def _run(item: WorkItem, cfg: EvalConfig) -> EvalRecord:

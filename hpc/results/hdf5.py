@@ -22,7 +22,8 @@ import numpy as np
 from hpc.errors import UserError
 from hpc.results.record import FIELDS, EvalRecord
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+ADDED_IN = {"candidate_host_ms": 2, "stage_seconds": 2}     # columns newer than version 1: older files read them as defaults
 GROUP = "records"
 _STR = h5py.string_dtype("utf-8")
 _FLOATS = h5py.vlen_dtype(np.float64)
@@ -61,6 +62,9 @@ class ResultWriter:
         else:
             try:
                 _check_schema(self.file, self.path)
+                if self.file.attrs.get("schema_version") != SCHEMA_VERSION:
+                    raise UserError(f"results {self.path}: written with schema version "
+                                    f"{self.file.attrs.get('schema_version')}; new results go to a new file")
             except UserError:
                 self.file.close()
                 raise
@@ -92,9 +96,10 @@ class ResultWriter:
 
 
 def _check_schema(f: h5py.File, path: Path) -> None:
-    if GROUP not in f or f.attrs.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"results {path}: not an hpc results file of schema version {SCHEMA_VERSION}")
-    missing = [fd.name for fd in FIELDS if fd.name not in f[GROUP]]
+    version = f.attrs.get("schema_version")
+    if GROUP not in f or not isinstance(version, (int, np.integer)) or not 1 <= version <= SCHEMA_VERSION:
+        raise UserError(f"results {path}: not an hpc results file of schema version 1..{SCHEMA_VERSION}")
+    missing = [fd.name for fd in FIELDS if fd.name not in f[GROUP] and ADDED_IN.get(fd.name, 1) <= version]
     if missing:
         raise UserError(f"results {path}: malformed, missing columns {', '.join(missing[:5])}")
 
@@ -115,6 +120,8 @@ def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     for i in range(n):
         values = {}
         for fd in FIELDS:
+            if fd.name not in columns:
+                continue
             v = columns[fd.name][i]
             if isinstance(v, bytes):
                 v = v.decode("utf-8")
@@ -135,7 +142,19 @@ class _StaleView(Exception):
     pass
 
 
+def _check_not_truncated(path: Path) -> None:
+    """A truncated file opened in SWMR mode hangs (HDF5 retries the metadata with doubling sleeps).
+    Opened plainly, HDF5 checks the stored end of file at once; a file a writer holds open (live,
+    or its writer killed) refuses the plain open and is left to the SWMR read."""
+    try:
+        h5py.File(path, "r").close()
+    except OSError as e:
+        if "already open for write" not in str(e):
+            raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
+
+
 def _read_columns(path: Path) -> tuple[dict, int]:
+    _check_not_truncated(path)
     try:
         f = h5py.File(path, "r", libver="latest", swmr=True)
     except OSError as e:
@@ -147,7 +166,8 @@ def _read_columns(path: Path) -> tuple[dict, int]:
         columns = {}
         try:
             for fd in FIELDS:
-                columns[fd.name] = group[fd.name][:n]
+                if fd.name in group:
+                    columns[fd.name] = group[fd.name][:n]
         except OSError as e:
             raise _StaleView(str(e)) from None
     return columns, n
@@ -163,13 +183,15 @@ def provenance(config: dict) -> dict[str, str]:
     import subprocess
 
     from hpc.hardware import versions
+    from hpc.profile.timing import PROTOCOL
 
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                                 cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
-    attrs = {"git_commit": commit or "unknown", "config": json.dumps(config), "versions": json.dumps(versions())}
+    attrs = {"git_commit": commit or "unknown", "config": json.dumps(config), "versions": json.dumps(versions()),
+             "timing_protocol": PROTOCOL}
     for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME"):
         if key in os.environ:
             attrs[key.lower()] = os.environ[key]

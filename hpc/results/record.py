@@ -45,6 +45,7 @@ class EvalRecord:
     candidate_iqr_ms: float = math.nan
     candidate_cv: float = math.nan
     candidate_noise: float = math.nan
+    candidate_host_ms: float = math.nan  # median host side of a timed call; near candidate_ms: host-bound
     host_check_ms: float = math.nan
     flops: float = math.nan
     min_bytes: float = math.nan
@@ -61,6 +62,7 @@ class EvalRecord:
     candidate_times_ms: list[float] = field(default_factory=list)
     timestamp: float = 0.0
     wall_seconds: float = 0.0
+    stage_seconds: str = ""       # JSON {stage: seconds}: compile, load, correctness, timing, baseline...
 
     def fail(self, stage: str, reason: str, status: str = "failed") -> "EvalRecord":
         assert stage in STAGES

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from hpc.profile.timing import CacheFlusher, synchronize, time_call, time_calls, timers_intact
+from hpc.profile.timing import (CacheFlusher, install_start_gate, synchronize, time_call, time_calls,
+                                timers_intact)
 from hpc.runner.guard import POISON, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
 from hpc.task import load_task_module
@@ -101,6 +102,11 @@ class ProgramWorker(_Worker):
     def setup(self, msg: dict) -> dict:
         super().setup(msg)
         t0 = time.monotonic()
+        if msg.get("start_gate"):     # before any candidate code runs
+            try:
+                install_start_gate(msg["start_gate"], float(msg["start_gate_timeout_us"]))
+            except (OSError, RuntimeError) as e:
+                raise WorkerError(f"timing start gate unusable: {e}", "harness") from None
         program = msg["program"]
         if program == "candidate":
             self.call = self._load_candidate(msg)
@@ -155,7 +161,8 @@ class ProgramWorker(_Worker):
         times = time_calls(self.call, lambda i: timed_inputs(base, i), self.device, msg["warmup"],
                            msg["iterations"], msg["flush_bytes"],
                            after_call=lambda i, out: prints.append(fingerprint(out)))
-        return {"times_ms": times, "fingerprints": prints, "timers_intact": timers_intact()}
+        return {"times_ms": [t.ms for t in times], "host_ms": [t.host_ms for t in times], "fingerprints": prints,
+                "timers_intact": timers_intact()}
 
     def prepare_calls(self, msg: dict) -> dict:
         base = self.base_inputs(msg["seed"])
@@ -169,8 +176,8 @@ class ProgramWorker(_Worker):
         index = int(msg["index"])
         if index < 0:
             return {"ms": 0.0}
-        ms, _ = time_call(self.call, self.prepared[index], self.device)
-        return {"ms": ms}
+        took, _ = time_call(self.call, self.prepared[index], self.device)
+        return {"ms": took.ms}
 
 
 ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}

@@ -2,7 +2,8 @@
 
 Python: stops the cheap escapes from the runtime policy: importing modules that reach outside the
 model (ctypes, os, threading, numpy...), dynamic code (exec, eval, __import__), and introspection
-that lets code rewrite the harness inside its process (__globals__, __code__, sys.modules...).
+that lets code rewrite the harness inside its process (__globals__, __code__, every dunder but
+__init__, and the modules torch exposes as attributes: torch.sys, torch.os, torch.ctypes...).
 Kernel sources: no torch headers (the workdir format's contract), and vendor libraries only where
 the library policy allows them (CUDA Agent allows e.g. cuBLAS for GEMM); an allowed library is
 also what gets linked.
@@ -19,10 +20,13 @@ ALLOWED_IMPORTS = frozenset({
 })
 FORBIDDEN_NAMES = frozenset({"exec", "eval", "compile", "__import__", "open", "breakpoint", "globals", "locals",
                              "vars", "getattr", "setattr", "delattr", "__builtins__", "memoryview"})
-FORBIDDEN_ATTRIBUTES = frozenset({"__globals__", "__code__", "__subclasses__", "__builtins__", "__dict__",
-                                  "__closure__", "__bases__", "__mro__", "_C", "_dynamo",
-                                  "__torch_dispatch__", "__torch_function__", "_python_dispatch", "settrace",
-                                  "setprofile", "f_back", "f_globals", "gi_frame"})
+FORBIDDEN_ATTRIBUTES = frozenset({"_C", "_dynamo", "_python_dispatch", "settrace", "setprofile", "f_back",
+                                  "f_globals", "gi_frame", "load", "save", "hub", "cudart", "library",
+                                  # modules torch imports are its attributes: torch.sys, torch.ctypes...
+                                  "sys", "os", "ctypes", "importlib", "inspect", "builtins", "threading",
+                                  "multiprocessing", "signal", "platform", "glob", "subprocess", "modules",
+                                  "types", "gc", "pickle", "io", "shutil", "pathlib", "socket", "weakref"})
+ALLOWED_DUNDERS = frozenset({"__init__"})   # super().__init__(); every other dunder reaches the interpreter
 
 
 def source_defect(source: str, filename: str) -> str:
@@ -45,7 +49,8 @@ def source_defect(source: str, filename: str) -> str:
                 return f"line {node.lineno}: import from {'.' * node.level}{module} is not allowed"
         elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
             return f"line {node.lineno}: use of {node.id} is not allowed"
-        elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRIBUTES:
+        elif isinstance(node, ast.Attribute) and (node.attr in FORBIDDEN_ATTRIBUTES or (
+                node.attr.startswith("__") and node.attr.endswith("__") and node.attr not in ALLOWED_DUNDERS)):
             return f"line {node.lineno}: access to .{node.attr} is not allowed"
     return ""
 

@@ -1,0 +1,78 @@
+"""Where the host side of one timed call goes, for a shipped CUDA solution next to eager.
+
+Under the timing protocol a call costs max(device time, host time): a candidate whose host path
+(module call, policy guard, allocation, ctypes launch) is slower than its kernel is paid for the
+host path. This splits that path into its parts, each the median over many calls.
+
+    python benchmarks/host_path.py [--task kernels/tasks/level1/08_gelu.py --solution kernels/solutions/level1/08_gelu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from hpc import runtime  # noqa: E402
+from hpc.compile.native import compile_workdir, default_toolchain  # noqa: E402
+from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, _OpAllowlist  # noqa: E402
+from hpc.runner.inputs import init_model, make_inputs  # noqa: E402
+from hpc.task import load_task_module  # noqa: E402
+
+
+def host_us(fn, n: int = 500) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - t0)
+        torch.cuda.synchronize()
+    return statistics.median(times) / 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", default=str(ROOT / "kernels/tasks/level1/08_gelu.py"))
+    ap.add_argument("--solution", default=str(ROOT / "kernels/solutions/level1/08_gelu"))
+    args = ap.parse_args()
+    device = torch.device("cuda", torch.cuda.current_device())
+    task = load_task_module(Path(args.task), "gpu")
+    with tempfile.TemporaryDirectory() as cache:
+        built = compile_workdir(Path(args.solution), default_toolchain("cuda"), Path(cache))
+        os.environ[runtime.LIBRARY_ENV], os.environ[runtime.BACKEND_ENV] = str(built.library), "cuda"
+        spec = importlib.util.spec_from_file_location("model_new", str(Path(args.solution) / "model_new.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    inputs = make_inputs(task, 0, "default", device)
+    eager = init_model(task.Model, task, 0, device)
+    candidate = module.ModelNew(*task.get_init_inputs()).to(device).eval()
+    guard = ForwardGuard(candidate, [], True, runtime.launch_count)
+    x = inputs[0]
+    rows = {
+        "eager Model(*inputs)": lambda: eager(*inputs),
+        "candidate ModelNew(*inputs), no guard": lambda: candidate(*inputs),
+        "candidate under the policy guard": lambda: guard(inputs),
+        "guard's dispatch mode, empty": lambda: _OpAllowlist(ALLOWED_OPS, None).__enter__().__exit__(None, None, None),
+        "torch.empty_like(x) on cuda": lambda: torch.empty_like(x),
+        "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
+    }
+    print(f"{'host path part':44} {'us':>8}")
+    for name, fn in rows.items():
+        print(f"{name:44} {host_us(fn):8.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

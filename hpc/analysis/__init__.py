@@ -1,0 +1,1 @@
+"""Analysis of evaluation runs: metrics over EvalRecords, plots, and the Markdown/HTML report."""

@@ -1,0 +1,152 @@
+"""Analyze evaluation runs: merge shards, write a Markdown/HTML report with PNG plots and summary.json.
+
+    python jobs/analyze.py RUN [RUN ...] --out REPORT_DIR [--tasks SUITE_DIR] [--name LABEL ...]
+        [--executor none|auto|slurm|local] [--partition P --account A --time MINUTES]
+
+RUN is a results .h5 file or a run folder of jobs/evaluate.py; a folder's shard-*.h5 files are
+merged into RUN/results.h5 first, unless that file is newer than every shard. Each run is
+labelled by --name (one per RUN, in order), else by its file's `model` attribute, else by its
+folder's name. With --tasks the rates are over that suite's tasks (a task without a record counts
+as incorrect); without, over the tasks the run recorded. "Faster" uses the reward margin of the
+run's own config. REPORT_DIR gets report.md, report.html, fast_p.png, speedup_by_level.png,
+failures.png and summary.json. The report is made in this process unless --executor submits it
+as one submitit job (Slurm where `srun` exists with `auto`). Definitions: docs/analysis.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import h5py  # noqa: E402
+
+from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run  # noqa: E402
+from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups  # noqa: E402
+from hpc.analysis.report import write_report  # noqa: E402
+from hpc.errors import UserError  # noqa: E402
+from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
+from hpc.results.hdf5 import file_attrs, read_records  # noqa: E402
+from hpc.results.merge import merge_files  # noqa: E402
+from hpc.task import discover_tasks  # noqa: E402
+
+
+def results_file(run: Path) -> Path:
+    """The run's one results file: the file itself, or a folder's shards merged when stale."""
+    if run.is_file():
+        return run
+    if not run.is_dir():
+        raise UserError(f"run {run}: no such file or folder")
+    merged = run / "results.h5"
+    shards = sorted(run.glob("shard-*.h5"))
+    if not shards and not merged.is_file():
+        raise UserError(f"run {run}: empty (no results.h5 and no shard-*.h5)")
+    if shards and (not merged.is_file() or merged.stat().st_mtime <= max(s.stat().st_mtime for s in shards)):
+        records = merge_files(shards, merged)
+        print(f"analyze: merged {len(shards)} shards of {run} into {merged} ({len(records)} records)",
+              file=sys.stderr, flush=True)
+    return merged
+
+
+def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Run:
+    """One run, read, labelled and set against the suite (or its own tasks)."""
+    path = results_file(run)
+    records = read_records(path)   # checks the file is a results file first
+    if not records:
+        raise UserError(f"results {path}: no records (an empty run)")
+    attrs = file_attrs(path)
+    try:
+        margin = float(json.loads(attrs.get("config") or "{}").get("reward", {}).get("margin", DEFAULT_MARGIN))
+    except (ValueError, TypeError, AttributeError):   # JSONDecodeError is a ValueError
+        raise UserError(f"results {path}: no readable reward margin in its config attribute") from None
+    if not label:
+        label = attrs.get("model") or (path.parent.name if run.is_dir() or path.name == "results.h5" else path.stem)
+    return make_run(records, suite, label, margin, str(path), str(attrs.get("git_commit", "")))
+
+
+def analyze(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path:
+    """Read every run, then write the plots and the report into `out`; the report's path."""
+    if names and len(names) != len(runs):
+        raise UserError(f"--name: {len(names)} names for {len(runs)} runs (give one per run, in order)")
+    suite = {t.task_id: t.level for t in discover_tasks(tasks)} if tasks else None
+    loaded = [load_run(Path(r), names[i] if names else None, suite) for i, r in enumerate(runs)]
+    labels = [r.label for r in loaded]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise UserError(f"runs labelled alike ({', '.join(twice)}): tell them apart with --name")
+    out_dir = Path(out)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out_dir}: cannot create ({e.strerror})") from None
+    summaries = [summarize_run(r) for r in loaded]
+    images = [plot_fast_p(loaded, out_dir / "fast_p.png"), plot_speedups(loaded, out_dir / "speedup_by_level.png"),
+              plot_failures(summaries, out_dir / "failures.png")]
+    return write_report(out_dir, summaries, images)
+
+
+def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path | UserError:
+    """analyze() as a submitit job: bad input comes back as the error, so the submitter prints one line."""
+    try:
+        return analyze(runs, out, tasks, names)
+    except UserError as e:
+        return e
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _Parser(prog="jobs/analyze.py", description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", metavar="RUN", help="results .h5 file or run folder (shard-*.h5)")
+    p.add_argument("--out", required=True, help="report folder")
+    p.add_argument("--tasks", help="the suite's folder: rates over its tasks, a task without a record incorrect")
+    p.add_argument("--name", action="append", help="label of the RUN in the same position (repeat per run)")
+    add_executor_args(p, minutes=30, choices=("none", *CLUSTERS), default="none")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        runs = [str(Path(r).resolve()) for r in args.runs]
+        out = str(Path(args.out).resolve())
+        tasks = str(Path(args.tasks).resolve()) if args.tasks else None
+        report = analyze(runs, out, tasks, args.name) if args.executor == "none" else _submit(args, runs, out, tasks)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if report is None:
+        return 1
+    print(report)
+    return 0
+
+
+def _submit(args: argparse.Namespace, runs: list[str], out: str, tasks: str | None) -> Path | None:
+    """Run analyze() as one submitit job and wait; None when the job itself failed (reported)."""
+    for run in runs:   # the obvious mistakes answered here, not from a queued job
+        if not Path(run).exists():
+            raise UserError(f"run {run}: no such file or folder")
+    executor = make_executor(Path(out) / "submitit", args.executor, "hpc-analyze", args.time,
+                             cpus_per_task=args.cpus_per_task, partition=args.partition, account=args.account)
+    job = executor.submit(analyze_job, runs, out, tasks, args.name)
+    print(f"analyze: {executor.cluster} job {job.job_id}", file=sys.stderr, flush=True)
+    try:
+        result = job.result()
+    except Exception as e:   # the job itself failed (killed, timed out, crashed): its last line
+        print(f"error: analysis job {job.job_id} failed: {str(e).strip().splitlines()[-1][:300]}", file=sys.stderr)
+        return None
+    if isinstance(result, UserError):
+        raise result
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
