@@ -13,9 +13,11 @@ optionally `model`; 1-D UTF-8 string datasets of one row per sample, all of the 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -93,20 +95,37 @@ def read_samples(path: str | Path) -> list[Sample]:
 def materialize(sample: Sample, root: str | Path) -> Path:
     """Write the sample as a candidate under root/<task id>/<sample id>/ and return its path for
     load_candidate: the single file (named like the task's problem file) or the workdir. The same
-    sample always lands on the same path with the same bytes, so a requeued shard finds it; any
-    earlier content there is replaced, so a changed sample leaves no stale kernel behind."""
+    sample always lands on the same path with the same bytes, so a requeued shard finds it. A folder
+    that already holds exactly these files is left alone (array tasks materialize the same samples
+    side by side); anything else there is replaced whole, by a rename, so a changed sample leaves no
+    stale kernel behind and no reader sees a half-written one."""
     dest = Path(root) / sample.task_id / sample.sample_id
+    wanted = ({f"{PurePosixPath(sample.task_id).name}.py": sample.code} if sample.code else sample.files)
+    wanted = {name: text.encode("utf-8") for name, text in wanted.items()}
+    entry = dest / next(iter(wanted)) if sample.code else dest
+    if _holds(dest, wanted):
+        return entry
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{sample.sample_id}."))
+    for name, data in wanted.items():
+        (staged / name).parent.mkdir(parents=True, exist_ok=True)
+        (staged / name).write_bytes(data)
+    old = dest.with_name(f".{sample.sample_id}.old.{os.getpid()}")
     if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    if sample.code:
-        path = dest / f"{PurePosixPath(sample.task_id).name}.py"
-        path.write_bytes(sample.code.encode("utf-8"))
-        return path
-    for name, text in sample.files.items():
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        (dest / name).write_bytes(text.encode("utf-8"))
-    return dest
+        dest.rename(old)
+    try:
+        staged.rename(dest)
+    except OSError:   # another array task placed it between our check and now: theirs has the same bytes
+        shutil.rmtree(staged)
+    shutil.rmtree(old, ignore_errors=True)
+    return entry
+
+
+def _holds(folder: Path, wanted: dict[str, bytes]) -> bool:
+    if not folder.is_dir():
+        return False
+    present = {p.relative_to(folder).as_posix(): p for p in folder.rglob("*") if p.is_file()}
+    return present.keys() == wanted.keys() and all(present[n].read_bytes() == data for n, data in wanted.items())
 
 
 def sample_candidates(path: str | Path, tasks: list[Task], root: str | Path) -> list[tuple[Task, Path | None]]:

@@ -24,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import h5py  # noqa: E402
-
 from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run  # noqa: E402
 from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups  # noqa: E402
 from hpc.analysis.report import write_report  # noqa: E402

@@ -52,6 +52,11 @@ def test_round_trip_and_materialize_as_loadable_candidates(tmp_path):
     (workdir / "kernels" / "stale.cpp").write_text("int stale;")
     assert materialize(samples[1], tmp_path / "m") == workdir
     assert load_candidate(workdir).sha256 == cand.sha256 and not (workdir / "kernels" / "stale.cpp").exists()
+    # a folder already holding exactly the sample is left alone: array tasks materialize side by side
+    inode = (workdir / "model_new.py").stat().st_ino
+    assert materialize(samples[1], tmp_path / "m") == workdir
+    assert (workdir / "model_new.py").stat().st_ino == inode
+    assert sorted(p.name for p in workdir.parent.iterdir()) == ["0", "1"]   # no staging folder left
 
 
 def _raw(path: Path, attrs: dict | None = None, **datasets) -> Path:
