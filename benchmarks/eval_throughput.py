@@ -19,17 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpc.analysis.metrics import stage_seconds  # noqa: E402
 from hpc.config import load_config  # noqa: E402
 from hpc.suite import evaluate_suite  # noqa: E402
 from hpc.task import discover_tasks  # noqa: E402
-
-
-def _stage_totals(records) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for r in records:
-        for stage, seconds in json.loads(r.stage_seconds or "{}").items():
-            totals[stage] = round(totals.get(stage, 0.0) + seconds, 2)
-    return totals
 
 
 def main() -> None:
@@ -60,7 +53,7 @@ def main() -> None:
             figures[name] = {"wall_s": wall, "candidates": len(records), "ok": ok,
                              "per_min": 60.0 * len(records) / wall,
                              "per_candidate_s": {r.task_id: r.wall_seconds for r in records},
-                             "stage_s": _stage_totals(records)}
+                             "stage_s": stage_seconds(records)}
             print(f"{name}: {len(records)} candidates ({ok} ok) in {wall:.1f} s = "
                   f"{figures[name]['per_min']:.2f} candidates/min; seconds by stage {figures[name]['stage_s']}",
                   flush=True)

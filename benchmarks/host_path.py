@@ -25,8 +25,11 @@ import torch  # noqa: E402
 
 from hpc import runtime  # noqa: E402
 from hpc.compile.native import compile_workdir, default_toolchain  # noqa: E402
+from hpc.config import load_config  # noqa: E402
+from hpc.profile.start_gate import start_gate_library  # noqa: E402
+from hpc.profile.timing import install_start_gate, time_calls  # noqa: E402
 from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, _OpAllowlist  # noqa: E402
-from hpc.runner.inputs import init_model, make_inputs  # noqa: E402
+from hpc.runner.inputs import fingerprint, init_model, make_inputs, timed_inputs  # noqa: E402
 from hpc.task import load_task_module  # noqa: E402
 
 
@@ -69,9 +72,23 @@ def main() -> None:
         "torch.empty_like(x) on cuda": lambda: torch.empty_like(x),
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
     }
-    print(f"{'host path part':44} {'us':>8}")
+    print(f"{'host path part, calls back to back':44} {'us':>8}")
     for name, fn in rows.items():
         print(f"{name:44} {host_us(fn):8.1f}", flush=True)
+
+    cfg = load_config(backend="cuda", scale="gpu")
+    install_start_gate(start_gate_library(cfg.cache_path(), cfg.compile.cuda_arch), cfg.timing.start_gate_timeout_us)
+    base = make_inputs(task, 1, "default", device)
+    programs = {"eager": lambda xs: eager(*xs), "candidate, no guard": lambda xs: candidate(*xs),
+                "candidate under the guard": guard}
+    print(f"\n{'in the timed loop (100 calls)':34} {'flush':>6} {'ms':>8} {'host us':>8}")
+    for flush in (cfg.timing.flush_bytes_cuda, 0):
+        for name, call in programs.items():
+            times = time_calls(call, lambda i: timed_inputs(base, i), device, 10, 100, flush,
+                               after_call=lambda i, out: fingerprint(out))
+            ms = statistics.median(t.ms for t in times)
+            host = statistics.median(t.host_ms for t in times) * 1e3
+            print(f"{name:34} {'yes' if flush else 'no':>6} {ms:8.4f} {host:8.1f}", flush=True)
 
 
 if __name__ == "__main__":

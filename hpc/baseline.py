@@ -1,5 +1,6 @@
-"""Eager and torch.compile baselines: timed in clean sandboxed processes with the candidate's
-protocol, cached per task + scale + hardware + torch version + protocol."""
+"""What is measured once per task and cached: eager and torch.compile baselines, timed in clean
+sandboxed processes with the candidate's protocol (per task + scale + hardware + torch version +
+protocol), and the task's cost, its FLOPs and fewest bytes moved (per task + scale + torch version)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,26 @@ def get_baselines(task: Task, cfg: EvalConfig, init_seed: int, lock: DeviceLock 
         tmp.replace(path)
         out[program] = Baseline(program, stats, False)
     return out
+
+
+def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int) -> dict[str, float]:
+    """{"flops", "bytes"} of the task at this scale, from the cache or counted now by `ref` (the
+    task's reference worker) and cached: counting runs the model under torch's FLOP counter, seconds
+    per evaluation otherwise."""
+    key = hashlib.sha256("\0".join([task.sha256, cfg.scale, cfg.backend, versions()["torch"], "cost"]).encode())
+    path = cfg.cache_path() / "costs" / f"{key.hexdigest()[:32]}.json"
+    try:
+        cost = json.loads(path.read_text())
+        return {"flops": float(cost["flops"]), "bytes": float(cost["bytes"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    reply = ref.request({"op": "cost", "seed": seed})
+    cost = {"flops": float(reply["flops"]), "bytes": float(reply["bytes"])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"task": task.task_id, "scale": cfg.scale, **cost}))
+    tmp.replace(path)
+    return cost
 
 
 def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock) -> TimingStats:

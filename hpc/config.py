@@ -161,7 +161,9 @@ def _check_choice(key: str, value: Any, choices: tuple) -> None:
         raise UserError(f"config {key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
 
 
-def _build(cls, data: Any, prefix: str):
+def build_config(cls, data: Any, prefix: str):
+    """A config dataclass from plain data (YAML), checking every key and type on the way; errors
+    name the key by its dotted path under `prefix`. Shared by every config of the project."""
     if not isinstance(data, dict):
         raise UserError(f"config {prefix or 'top level'}: expected a mapping, got {type(data).__name__}")
     hints = get_type_hints(cls)
@@ -177,7 +179,7 @@ def _build(cls, data: Any, prefix: str):
 
 def _coerce(tp, value: Any, path: str):
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path + ".")
+        return build_config(tp, value, path + ".")
     if get_origin(tp) is list:
         (inner,) = get_args(tp)
         if not isinstance(value, list):
@@ -190,17 +192,23 @@ def _coerce(tp, value: Any, path: str):
     return value
 
 
+def read_yaml_mapping(path: str | os.PathLike) -> dict:
+    """A YAML config file's top-level mapping (empty file: {}); one-line UserError otherwise."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as e:
+        raise UserError(f"config {path}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config {path}: expected a mapping, got {type(data).__name__}")
+    return data
+
+
 def load_config(path: str | os.PathLike | None = None, **overrides: Any) -> EvalConfig:
     """Defaults, then the YAML file (if any), then non-None keyword overrides; validated."""
-    data: dict = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as e:
-            raise UserError(f"config {path}: cannot read ({e.strerror})") from None
-        except yaml.YAMLError as e:
-            raise UserError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    cfg = _build(EvalConfig, data, "")
+    data = read_yaml_mapping(path) if path is not None else {}
+    cfg = build_config(EvalConfig, data, "")
     for key, value in overrides.items():
         if value is not None:
             setattr(cfg, key, value)

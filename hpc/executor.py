@@ -6,9 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 import submitit
+
+from hpc.progress import Progress
 
 CLUSTERS = ("auto", "slurm", "local")
 
@@ -39,3 +45,41 @@ def make_executor(folder: str | Path, cluster: str, name: str, minutes: int, *, 
                                          "slurm_array_parallelism": parallelism}.items() if v is not None})
     executor.update_parameters(**params)
     return executor
+
+
+def watch_for_sigterm() -> threading.Event:
+    """Set when Slurm sends SIGTERM (requeue, preemption, scancel) to an array task; a handler
+    installed before (submitit's) still runs. A shard checks it before recording a result: work the
+    signal interrupted is not recorded, and the requeued task does it again."""
+    seen = threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        seen.set()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return seen
+
+
+def wait_for_array(jobs: list, label: str, describe: Callable[[dict], str], every: float) -> list[str]:
+    """Wait for every array task: a bar at a terminal, a progress line every `every` seconds in a
+    log, one line per finished task (`describe` of its result). Returns the ids of those that
+    failed; a failure is reported and the others are still waited for."""
+    failed: list[str] = []
+    pending = list(jobs)
+    with Progress(len(jobs), f"{label}: shards done", every_s=every) as progress:
+        while pending:
+            for job in [j for j in pending if j.done()]:
+                pending.remove(job)
+                try:
+                    line = f"{label}: {describe(job.result())}"
+                except Exception as e:   # the array task's own failure
+                    failed.append(job.job_id)
+                    line = f"{label}: array task {job.job_id} failed: {str(e).strip().splitlines()[-1][:300]}"
+                progress.advance(line)
+            if pending:
+                progress.tick()
+                time.sleep(1.0)
+    return failed

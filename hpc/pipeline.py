@@ -15,9 +15,10 @@ import statistics
 import shutil
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from hpc.baseline import get_baselines, timing_request, timing_setup
+from hpc.baseline import get_baselines, task_cost, timing_request, timing_setup
 from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig, config_to_dict
@@ -106,9 +107,13 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
              "device": cfg.backend}
     lock = DeviceLock(cfg.backend)
-    # Both workers start together: their interpreters and torch imports overlap.
-    with SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend) as ref, \
-            SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable) as cand:
+    # Both workers start together: their interpreters and torch imports overlap. At the end they are
+    # killed, not asked to exit: the harness has what it needs, and an orderly exit (interpreter and
+    # CUDA context teardown) took a second or two of every evaluation.
+    with ExitStack() as processes:
+        ref = processes.enter_context(SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend))
+        cand = processes.enter_context(SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable))
+        processes.callback(lambda: (ref.kill(), cand.kill()))
         rec.isolation = json.dumps(cand.isolation)
         try:
             with lock.shared():
@@ -130,7 +135,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
             if rec.failed_stage or stop_after == "correctness":
                 return
             stage = "timing"
-            _time_candidate(rec, ref, cand, cfg, timing_seed, checked, dtypes, lock)
+            _time_candidate(rec, task, ref, cand, cfg, timing_seed, checked, dtypes, lock)
             clock.mark("timing")
             if rec.failed_stage:
                 return
@@ -197,12 +202,18 @@ def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedPr
                        cfg: EvalConfig, lock: DeviceLock) -> list:
     """One trial at a time, so at most one trial's outputs are held here at once."""
     dtypes: list = []
+    on_gpu = cfg.backend == "cuda"
     rec.max_abs_error = rec.max_rel_error = 0.0
     for k, trial in enumerate(trials):
-        with lock.shared():
-            expected = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
-            got = cand.request({"op": "outputs", "trials": [trial]})["outputs"][0]
-        cmp = compare_outputs(expected, got, cfg.correctness)
+        with lock.shared():   # both compute at once; the replies are read one after the other
+            ref.send({"op": "outputs", "trials": [trial]})
+            cand.send({"op": "outputs", "trials": [trial]})
+            expected = ref.receive("outputs")["outputs"][0]
+            got = cand.receive("outputs")["outputs"][0]
+            if on_gpu:
+                cmp = compare_outputs(expected, got, cfg.correctness, "cuda")
+        if not on_gpu:      # on the host: outside the lock, so other evaluations' timings go on
+            cmp = compare_outputs(expected, got, cfg.correctness)
         rec.max_abs_error = max(rec.max_abs_error, cmp.max_abs_error)
         rec.max_rel_error = max(rec.max_rel_error, cmp.max_rel_error)
         rec.trials = k + 1
@@ -237,7 +248,7 @@ def _host_clock_ms(cand: SandboxedProcess, t, seed: int, flush: int) -> tuple[fl
     return (min(reported) if all(map(math.isfinite, reported)) else math.nan), host
 
 
-def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, cfg: EvalConfig,
+def _time_candidate(rec: EvalRecord, task: Task, ref: SandboxedProcess, cand: SandboxedProcess, cfg: EvalConfig,
                     seed: int, checked: list[int], dtypes: list, lock: DeviceLock) -> None:
     t = cfg.timing
     with lock.exclusive():
@@ -275,7 +286,7 @@ def _time_candidate(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProce
                            f"{rec.host_check_ms:.4g} ms for the same calls (timer tampering or deferred work)")
         return
     with lock.shared():
-        cost = ref.request({"op": "cost", "seed": seed})
+        cost = task_cost(task, cfg, ref, seed)
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
     bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
     if bandwidth or tflops:

@@ -8,7 +8,6 @@ file). A task without a candidate is recorded as missing (reward -1) so rates ar
 from __future__ import annotations
 
 import math
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -19,6 +18,7 @@ from hpc.candidate import load_candidate
 from hpc.config import EvalConfig
 from hpc.errors import UserError
 from hpc.pipeline import evaluate
+from hpc.progress import Progress
 from hpc.results.record import EvalRecord
 from hpc.task import Task
 
@@ -57,12 +57,12 @@ def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
             return unevaluated(task, path, cfg, str(e))
 
     records: dict[int, EvalRecord] = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, Progress(len(tasks), "eval-suite") as progress:
         futures = {pool.submit(one, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             i = futures[future]
             rec = records[i] = future.result()
-            print(f"[{len(records)}/{len(tasks)}] {rec.task_id}: {_status(rec)}", file=sys.stderr, flush=True)
+            progress.advance(f"[{len(records)}/{len(tasks)}] {rec.task_id}: {_status(rec)}")
             if on_record is not None:
                 on_record(rec)
     return [records[i] for i in range(len(tasks))]

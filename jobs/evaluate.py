@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +27,8 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.errors import UserError  # noqa: E402
-from hpc.executor import add_executor_args, make_executor  # noqa: E402
+from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
+from hpc.progress import Progress  # noqa: E402
 
 
 class EvaluateShard(submitit.helpers.Checkpointable):
@@ -52,8 +50,9 @@ class EvaluateShard(submitit.helpers.Checkpointable):
         done = {record_key(r) for r in read_records(path) if r.status != "error"} if path.exists() else set()
         mine = [item for i, item in enumerate(items) if i % shards == shard]
         evaluated = 0
-        preempted = _watch_for_sigterm()
+        preempted = watch_for_sigterm()
         writer = ResultWriter(path, provenance(config_to_dict(cfg)))
+        progress = Progress(len(mine), f"shard {shard}", sys.stdout)
         try:
             for k, (task_path, candidate_path) in enumerate(mine, 1):
                 task = load_task(task_path)
@@ -78,29 +77,15 @@ class EvaluateShard(submitit.helpers.Checkpointable):
                 writer.append(rec)
                 evaluated += 1
                 state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
-                print(f"shard {shard}: [{k}/{len(mine)}] {rec.task_id}: {state}", flush=True)
+                progress.advance(f"shard {shard}: [{k}/{len(mine)}] {rec.task_id}: {state}")
         finally:
             writer.close()
+            progress.close()
         if preempted.is_set():
             # no result for submitit to record: the requeued task (or a re-submission) finishes the shard
             sys.stdout.flush()
             os._exit(143)
         return {"shard": shard, "file": str(path), "evaluated": evaluated, "skipped": len(mine) - evaluated}
-
-
-def _watch_for_sigterm() -> threading.Event:
-    """Set when Slurm sends SIGTERM (requeue, preemption, scancel); the handler submitit installed
-    still runs."""
-    seen = threading.Event()
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum, frame):
-        seen.set()
-        if callable(previous):
-            previous(signum, frame)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    return seen
 
 
 def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None, out: Path) -> list[tuple[str, str]]:
@@ -174,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                               [str(out)] * shards, [cfg] * shards)
     print(f"evaluate: {len(items)} items in {shards} shards, {executor.cluster} job {jobs[0].job_id.split('_')[0]}",
           file=sys.stderr, flush=True)
-    failed = _wait(jobs, args.progress_every)
+    failed = wait_for_array(jobs, "evaluate", lambda s: (f"shard {s['shard']} done ({s['evaluated']} evaluated, "
+                                                         f"{s['skipped']} already recorded)"), args.progress_every)
     from hpc.results.merge import merge_files
     from hpc.suite import summary_table
 
@@ -186,30 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_table(records))
     print(f"evaluate: {len(records)} records in {out / 'results.h5'}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def _wait(jobs: list, every: float) -> list[str]:
-    """Wait for every array task with a progress line every `every` seconds; the failures."""
-    failed: list[str] = []
-    pending = list(jobs)
-    last = 0.0
-    while pending:
-        for job in [j for j in pending if j.done()]:
-            pending.remove(job)
-            try:
-                summary = job.result()
-                print(f"evaluate: shard {summary['shard']} done ({summary['evaluated']} evaluated, "
-                      f"{summary['skipped']} already recorded)", file=sys.stderr, flush=True)
-            except Exception as e:   # the array task's own failure, reported and the rest merged
-                failed.append(job.job_id)
-                print(f"evaluate: array task {job.job_id} failed: {str(e).strip().splitlines()[-1][:300]}",
-                      file=sys.stderr, flush=True)
-        if pending and time.monotonic() - last >= every:
-            last = time.monotonic()
-            print(f"evaluate: {len(jobs) - len(pending)}/{len(jobs)} shards done", file=sys.stderr, flush=True)
-        if pending:
-            time.sleep(1.0)
-    return failed
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #         protocol    the timing protocol on spin kernels of known duration vs naive events
 #         quality     timing spread over repeated evaluations and the eager-identical bias
 #         throughput  candidates per minute of one process, cold and warm caches, level 1
+#         pool        candidates per minute per GPU through the MPI pool (POOL_ARGS adds flags)
 # The baseline cache ($HPC_CACHE_DIR/baselines) goes back as cache.tgz, so a later call can carry it.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,6 +39,8 @@ for spec in "$@"; do
         quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json" ${QUALITY_ARGS:-}) ;;
         throughput) cmd=(python3 benchmarks/eval_throughput.py --backend cuda --only level1
                          --out "$out/throughput.json") ;;
+        pool) cmd=(python3 benchmarks/pool_throughput.py --backend cuda --only level1 --out "$out/pool.json"
+                   --keep "$out/pool" ${POOL_ARGS:-}) ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     timeout "$limit" "${cmd[@]}" >"$out/$stage.log" 2>&1

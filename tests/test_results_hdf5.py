@@ -70,6 +70,26 @@ def test_a_writer_killed_mid_run_leaves_every_finished_record(tmp_path):
     assert [r.task_id for r in records] == [f"t{i}" for i in range(len(records))]
     assert all(r.candidate_times_ms == [float(i)] * 100 for i, r in enumerate(records))
 
+    with ResultWriter(path) as w:     # the next writer recovers the file and continues it
+        w.append(EvalRecord(task_id="after"))
+    again = read_records(path)
+    assert [r.task_id for r in again] == [r.task_id for r in records] + ["after"]
+    assert again[3].candidate_times_ms == [3.0] * 100
+
+
+def test_a_second_writer_is_refused_while_the_first_lives(tmp_path):
+    path = tmp_path / "live.h5"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        while int(proc.stdout.readline()) < 3:
+            pass
+        with pytest.raises(UserError, match="another process is writing it"):
+            ResultWriter(path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(read_records(path)) >= 4
+
 
 def test_a_live_reader_follows_the_writer(tmp_path):
     path = tmp_path / "live.h5"

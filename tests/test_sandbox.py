@@ -16,18 +16,18 @@ from tests.conftest import RELU_TASK
 needs_landlock = pytest.mark.skipif(landlock.abi_version() == 0, reason="kernel without Landlock")
 
 
-def _confined_python(tmp_path: Path, code: str) -> tuple[int, str]:
+def confined_python(tmp_path: Path, code: str) -> tuple[int, str]:
     """Run `code` in a child confined exactly like a sandboxed worker (same preexec)."""
     import functools
     import subprocess
     import sys
 
-    from hpc.sandbox.process import _confine, _writable_paths
+    from hpc.sandbox.process import confine, writable_paths
 
     support = isolation_support()
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          preexec_fn=functools.partial(_confine, SandboxConfig(), "cpu",
-                                                       _writable_paths(tmp_path, "cpu", []),
+                          preexec_fn=functools.partial(confine, SandboxConfig(), "cpu",
+                                                       writable_paths(tmp_path, "cpu", []),
                                                        int(support["landlock_abi"]),
                                                        bool(support["network_namespace"])))
     return proc.returncode, proc.stdout + proc.stderr
@@ -38,7 +38,7 @@ def test_writes_only_inside_the_workdir(tmp_path):
     outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
     work = tmp_path / "work"
     work.mkdir()
-    rc, out = _confined_python(work, f"""
+    rc, out = confined_python(work, f"""
 open('inside.txt', 'w').write('ok')
 try:
     open({str(outside)!r}, 'w').write('escaped')
@@ -62,7 +62,7 @@ def test_no_network_from_inside(tmp_path):
     accepted = []
     t = threading.Thread(target=lambda: accepted.append(_accept(server)))
     t.start()
-    rc, out = _confined_python(tmp_path, f"""
+    rc, out = confined_python(tmp_path, f"""
 import socket
 try:
     socket.create_connection(('127.0.0.1', {port}), timeout=2)
@@ -84,7 +84,7 @@ def _accept(server) -> bool:
 
 
 def test_memory_limit_applies_on_cpu(tmp_path):
-    rc, out = _confined_python(tmp_path, "b = bytearray(64 << 30)")
+    rc, out = confined_python(tmp_path, "b = bytearray(64 << 30)")
     assert rc != 0 and "MemoryError" in out
 
 

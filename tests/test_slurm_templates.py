@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,49 @@ def test_reward_pool_template_evaluates_a_suite(slurm, tmp_path, cache_dir):
     records = read_records(out)
     assert sorted(r.task_id for r in records) == ["level1/relu_0", "level1/relu_1", "level1/relu_2"], log
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+
+
+def _slurm_rank_pid(job: str, rank: int) -> int | None:
+    """The pid of task `rank` of job `job`'s pool step (srun --mpi=pmix sets SLURM_PROCID)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"hpc.pool" in cmd and f"SLURM_JOB_ID={job}".encode() in env and f"SLURM_PROCID={rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+def test_reward_pool_under_srun_pmix_survives_a_killed_worker_rank(slurm, tmp_path, cache_dir):
+    """1 coordinator + 3 workers through srun --mpi=pmix; rank 2 is SIGKILLed once results stream.
+
+    Slurm's pmix plugin then kills the whole step; the template starts it again, and the restarted
+    pool evaluates only what is missing: every record exactly once, none lost."""
+    tasks, solutions = _suite(tmp_path, 6)
+    out = tmp_path / "pool.h5"
+    config = tmp_path / "oversubscribed.yaml"
+    config.write_text("timing:\n  host_check_ratio: 0.0\n")
+    env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
+           "HPC_POOL_ARGS": f"--iterations 10 --dead-after 6 --config {config}", "HPC_PYTHON": sys.executable,
+           "HPC_CACHE_DIR": str(cache_dir)}
+    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, env, "--ntasks=4", "--export=ALL")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (out.exists() and read_records(out)):
+        time.sleep(0.5)
+    victim = _slurm_rank_pid(job, 2)
+    assert victim is not None, "pool finished (or never started) before a rank could be killed"
+    os.kill(victim, signal.SIGKILL)
+    state = wait_for_job(job)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert "restart 1 of 2 for what is missing" in log, log
+    records = read_records(out)
+    assert sorted(r.task_id for r in records) == [f"level1/relu_{k}" for k in range(6)], log
+    assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+    assert state == "COMPLETED", log
 
 
 def test_reward_pool_template_names_a_missing_parameter(slurm, tmp_path):

@@ -10,6 +10,7 @@ faster by more than the reward's margin, as the reward pays (hpc/reward.py).
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -171,3 +172,12 @@ def top_reasons(records: list[EvalRecord], top: int = 3) -> dict[str, list[tuple
         if len(out.setdefault(stage, [])) < top:
             out[stage].append((reason, n))
     return out
+
+
+def stage_seconds(records: list[EvalRecord]) -> dict[str, float]:
+    """Seconds per evaluation stage summed over the records: where a batch's time went."""
+    totals: dict[str, float] = {}
+    for r in records:
+        for stage, seconds in json.loads(r.stage_seconds or "{}").items():
+            totals[stage] = round(totals.get(stage, 0.0) + seconds, 1)
+    return totals

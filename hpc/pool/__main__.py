@@ -49,6 +49,7 @@ def coordinate(comm, args, cfg) -> int:
     from hpc.config import config_to_dict
     from hpc.pool.coordinator import Coordinator
     from hpc.pool.messages import WorkItem
+    from hpc.progress import Progress
     from hpc.results.hdf5 import ResultWriter, provenance, read_records
     from hpc.results.record import EvalRecord
     from hpc.suite import find_candidate, unevaluated
@@ -81,12 +82,12 @@ def coordinate(comm, args, cfg) -> int:
             todo += 1
         print(f"pool: {todo} to evaluate, {len(done)} already recorded, {len(pool.live)} worker ranks",
               file=sys.stderr, flush=True)
-        for k, result in enumerate(pool.results(), 1):
-            rec = EvalRecord(**result.record)
-            writer.append(rec)
-            state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
-            print(f"[{k}/{todo}] {rec.task_id} (rank {result.rank}, {result.seconds:.1f} s): {state}",
-                  file=sys.stderr, flush=True)
+        with Progress(todo, "pool") as progress:
+            for k, result in enumerate(pool.results(), 1):
+                rec = EvalRecord(**result.record)
+                writer.append(rec)
+                state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
+                progress.advance(f"[{k}/{todo}] {rec.task_id} (rank {result.rank}, {result.seconds:.1f} s): {state}")
         clean = pool.close()
     finally:
         writer.close()

@@ -49,16 +49,21 @@ class Coordinator:
     def pending(self) -> int:
         return len(self._queue) + sum(map(len, self.inflight.values())) + len(self._ready)
 
+    def poll(self, timeout_s: float = 0.01) -> list[Result]:
+        """Serve the pool for up to `timeout_s` (less when results are waiting) and return the
+        results finished meanwhile, in completion order; maybe none."""
+        if self.pending() and not self._ready:
+            if self.live:
+                self._serve(timeout_s)
+            else:
+                self._fail_everything_queued("no live worker rank left")
+        ready, self._ready = self._ready, []
+        return ready
+
     def results(self, poll_s: float = 0.01) -> Iterator[Result]:
         """Every submitted request's result, in completion order, until none is pending."""
         while self.pending():
-            if not self._ready:
-                if not self.live:
-                    self._fail_everything_queued("no live worker rank left")
-                    continue
-                self._serve(poll_s)
-            while self._ready:
-                yield self._ready.pop(0)
+            yield from self.poll(poll_s)
 
     def close(self) -> bool:
         """Stop every live worker and wait until each has said so (or is declared lost).

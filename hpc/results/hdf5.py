@@ -6,12 +6,19 @@ complete records. Appending extends every column, writes the row, then bumps `co
 flushes: a reader trusts only the first `count` rows, so a crash mid-append leaves every
 finished record readable. The file is opened with the latest format in SWMR mode, so a live
 reader (`h5py.File(path, "r", swmr=True)`) can follow a running evaluation.
+
+A writer holds an advisory lock (`.NAME.lock` beside the file) for its lifetime: a second writer
+is refused while the first lives, and one that finds the file still marked open by a writer that
+no longer holds the lock (killed: SIGKILL, node loss) recovers it: the complete records and the
+attributes are copied to a fresh file that replaces it, and appending continues.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import sys
 import time
 import typing
 from pathlib import Path
@@ -48,25 +55,20 @@ class ResultWriter:
     def __init__(self, path: str | os.PathLike, attrs: dict[str, str] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _writer_lock(self.path)
         try:
-            self.file = h5py.File(self.path, "a", libver="latest")
-        except OSError as e:
-            raise UserError(f"results {self.path}: cannot open for writing ({e})") from None
+            self.file = _open_for_append(self.path)
+        except UserError:
+            os.close(self._lock)
+            raise
         if len(self.file.keys()) == 0 and len(self.file.attrs) == 0:
-            group = self.file.create_group(GROUP)
-            for f in FIELDS:
-                group.create_dataset(f.name, shape=(0,), maxshape=(None,), dtype=_dtype(f.type), chunks=(64,))
-            group.attrs["count"] = 0
-            self.file.attrs["schema_version"] = SCHEMA_VERSION
-            self.file.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            _create_layout(self.file)
         else:
             try:
-                _check_schema(self.file, self.path)
-                if self.file.attrs.get("schema_version") != SCHEMA_VERSION:
-                    raise UserError(f"results {self.path}: written with schema version "
-                                    f"{self.file.attrs.get('schema_version')}; new results go to a new file")
+                _check_appendable(self.file, self.path)
             except UserError:
                 self.file.close()
+                os.close(self._lock)
                 raise
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
@@ -74,25 +76,91 @@ class ResultWriter:
         self.file.swmr_mode = True
 
     def append(self, record: EvalRecord) -> None:
-        n = int(self.group.attrs["count"])
-        for f in FIELDS:
-            ds = self.group[f.name]
-            if ds.shape[0] < n + 1:
-                ds.resize((n + 1,))
-            value = getattr(record, f.name)
-            ds[n] = np.asarray(value, dtype=np.float64) if _dtype(f.type) is _FLOATS else value
-        self.group.attrs["count"] = n + 1
-        self.file.flush()
+        _append_row(self.file, self.group, record)
 
     def close(self) -> None:
         if self.file.id.valid:
             self.file.close()
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _create_layout(f: h5py.File) -> None:
+    group = f.create_group(GROUP)
+    for fd in FIELDS:
+        group.create_dataset(fd.name, shape=(0,), maxshape=(None,), dtype=_dtype(fd.type), chunks=(64,))
+    group.attrs["count"] = 0
+    f.attrs["schema_version"] = SCHEMA_VERSION
+    f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _check_appendable(f: h5py.File, path: Path) -> None:
+    _check_schema(f, path)
+    if f.attrs.get("schema_version") != SCHEMA_VERSION:
+        raise UserError(f"results {path}: written with schema version "
+                        f"{f.attrs.get('schema_version')}; new results go to a new file")
+
+
+def _append_row(f: h5py.File, group: h5py.Group, record: EvalRecord) -> None:
+    n = int(group.attrs["count"])
+    for fd in FIELDS:
+        ds = group[fd.name]
+        if ds.shape[0] < n + 1:
+            ds.resize((n + 1,))
+        value = getattr(record, fd.name)
+        ds[n] = np.asarray(value, dtype=np.float64) if _dtype(fd.type) is _FLOATS else value
+    group.attrs["count"] = n + 1
+    f.flush()
+
+
+def _writer_lock(path: Path) -> int:
+    """An exclusive lock held while this process writes `path` (released by the kernel on death)."""
+    fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(f"results {path}: another process is writing it (one writer per file)") from None
+    return fd
+
+
+def _open_for_append(path: Path) -> h5py.File:
+    try:
+        return h5py.File(path, "a", libver="latest")
+    except OSError as e:
+        if "already open for write" not in str(e):
+            raise UserError(f"results {path}: cannot open for writing ({e})") from None
+    _recover(path)
+    try:
+        return h5py.File(path, "a", libver="latest")
+    except OSError as e:
+        raise UserError(f"results {path}: cannot open for writing after recovery ({e})") from None
+
+
+def _recover(path: Path) -> None:
+    """Replace a file whose writer died with the open-for-write mark by a clean copy of its
+    complete records and attributes (the caller holds the writer lock, so no writer is live)."""
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        _check_appendable(f, path)
+    records = read_records(path)
+    attrs = file_attrs(path)
+    tmp = path.with_name(f".{path.name}.recovered.{os.getpid()}")
+    with h5py.File(tmp, "w", libver="latest") as f:
+        _create_layout(f)
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        for rec in records:
+            _append_row(f, f[GROUP], rec)
+    os.replace(tmp, path)
+    print(f"results {path}: its last writer did not close it (killed?); recovered {len(records)} complete "
+          "records", file=sys.stderr, flush=True)
 
 
 def _check_schema(f: h5py.File, path: Path) -> None:
@@ -112,7 +180,8 @@ def read_records(path: str | os.PathLike) -> list[EvalRecord]:
             columns, n = _read_columns(path)
             break
         except _StaleView:
-            # variable-length data (strings) outran this reader's view of the file: reopen and retry
+            # variable-length data (strings) outran this reader's view of the file, or a writer held
+            # its lock while creating it: reopen and retry
             time.sleep(0.05)
     else:
         raise UserError(f"results {path}: unreadable while being written (retried 20 times)")
@@ -149,6 +218,8 @@ def _check_not_truncated(path: Path) -> None:
     try:
         h5py.File(path, "r").close()
     except OSError as e:
+        if "unable to lock file" in str(e):
+            raise _StaleView(str(e)) from None   # a writer is creating it or switching it to SWMR: retry
         if "already open for write" not in str(e):
             raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
 
@@ -158,6 +229,8 @@ def _read_columns(path: Path) -> tuple[dict, int]:
     try:
         f = h5py.File(path, "r", libver="latest", swmr=True)
     except OSError as e:
+        if "unable to lock file" in str(e):
+            raise _StaleView(str(e)) from None
         raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
     with f:
         _check_schema(f, path)

@@ -7,12 +7,14 @@ import sys
 
 def main() -> None:
     role, req_fd, rep_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    from hpc.sandbox.protocol import ChannelClosed, decode_json, encode_torch, read_message, write_message
+    from hpc.sandbox.protocol import ChannelClosed, decode_json, read_message, write_reply
     import torch
 
-    from hpc.runner.guard import PolicyViolation
+    from hpc.runner.guard import PolicyViolation, warm_up
     from hpc.runner.worker import ROLES, WorkerError, dispatch
 
+    if role == "program":
+        warm_up()
     worker = ROLES[role]()
     with torch.no_grad():
         while True:
@@ -28,7 +30,7 @@ def main() -> None:
                 reply = {"error": str(e), "kind": "policy"}
             except WorkerError as e:
                 reply = {"error": str(e), "kind": e.kind}
-            write_message(rep_fd, encode_torch(reply))
+            write_reply(rep_fd, reply)
 
 
 if __name__ == "__main__":

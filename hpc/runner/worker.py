@@ -43,8 +43,10 @@ def _device(name: str) -> torch.device:
 
 
 def _to_host(output, device: torch.device) -> list:
+    """Outputs on the host, through pinned memory from a GPU (twice the bandwidth of pageable)."""
     synchronize(device)
-    return [t.detach().to("cpu") if isinstance(t, torch.Tensor) else t for t in as_tuple(output)]
+    return [(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if t.is_cuda else t.detach())
+            if isinstance(t, torch.Tensor) else t for t in as_tuple(output)]
 
 
 class _Worker:

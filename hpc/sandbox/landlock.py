@@ -1,4 +1,5 @@
-"""Linux Landlock through raw syscalls: confine a process's writes to a few folders.
+"""Linux Landlock through raw syscalls: confine a process's writes (and, as a second layer, its
+reads) to a few folders.
 
 Unprivileged and inherited by every descendant; used in the forked child right before exec.
 Also scopes signals and abstract UNIX sockets (ABI >= 6) so the confined process cannot signal
@@ -47,27 +48,39 @@ def abi_version() -> int:
 
 def restrict_writes(writable: list[str], abi: int) -> None:
     """Allow writes only beneath `writable`; raise OSError if the kernel refuses."""
-    libc = _libc()
     handled = _WRITE_ACCESS_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
     attr = _RulesetAttr(handled, (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0,
                         (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0)
     size = 8 if abi < 4 else (16 if abi < 6 else 24)
+    # a file (e.g. /dev/null) takes only file rights; directories take them all
+    rules = [(path, handled if os.path.isdir(path) else handled & (_WRITE_FILE | _TRUNCATE)) for path in writable]
+    _restrict(attr, size, rules, no_new_privs=True)
+
+
+def restrict_reads(readable: list[str]) -> None:
+    """A further layer over `restrict_writes` (which must come first: it sets no_new_privs):
+    files and folders outside `readable` can be neither read nor listed."""
+    handled = _READ_FILE | _READ_DIR
+    rules = [(path, handled if os.path.isdir(path) else _READ_FILE) for path in readable]
+    _restrict(_RulesetAttr(handled, 0, 0), 8, rules, no_new_privs=False)
+
+
+def _restrict(attr: _RulesetAttr, size: int, rules: list[tuple[str, int]], no_new_privs: bool) -> None:
+    libc = _libc()
     fd = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        for path in writable:
+        for path, allowed in rules:
             pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
-                # a file (e.g. /dev/null) takes only file rights; directories take them all
-                allowed = handled if os.path.isdir(path) else handled & (_WRITE_FILE | _TRUNCATE)
                 rule = _PathBeneathAttr(allowed, pfd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
                                 ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
             finally:
                 os.close(pfd)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        if no_new_privs and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
         if libc.syscall(_SYS_RESTRICT, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from hpc.config import SandboxConfig
 from hpc.sandbox import landlock
-from hpc.sandbox.protocol import (ChannelClosed, ChannelTimeout, decode_torch, encode_json, read_message,
-                                  write_message)
+from hpc.sandbox.protocol import ChannelClosed, ChannelTimeout, encode_json, read_reply, write_message
 
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -70,7 +69,7 @@ def _enter_network_namespace() -> bool:
     return True
 
 
-def _writable_paths(workdir: Path, backend: str, extra: list[Path]) -> list[str]:
+def writable_paths(workdir: Path, backend: str, extra: list[Path]) -> list[str]:
     # /proc/self/task: drivers name their threads (the CUDA driver's init fails without it); in the
     # forked child it resolves to the worker's own process, nothing else of /proc.
     paths = [str(workdir), "/dev/null", "/proc/self/task", *map(str, extra)]
@@ -79,7 +78,7 @@ def _writable_paths(workdir: Path, backend: str, extra: list[Path]) -> list[str]
     return paths
 
 
-def _confine(cfg: SandboxConfig, backend: str, writable: list[str], abi: int, net: bool) -> None:
+def confine(cfg: SandboxConfig, backend: str, writable: list[str], abi: int, net: bool) -> None:
     """Runs in the forked child before exec: everything here is inherited by the worker."""
     limits = [(resource.RLIMIT_CPU, cfg.cpu_seconds), (resource.RLIMIT_NOFILE, cfg.max_open_files),
               (resource.RLIMIT_FSIZE, cfg.max_file_mb << 20), (resource.RLIMIT_CORE, 0),
@@ -109,6 +108,7 @@ class SandboxedProcess:
                  env: dict[str, str] | None = None, writable: list[Path] | None = None):
         self.role, self.workdir, self.cfg = role, Path(workdir), cfg
         self.deadline = time.monotonic() + cfg.timeout_s
+        self._exit_info: ExitInfo | None = None
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
         support = isolation_support()
         abi = int(support["landlock_abi"]) if cfg.restrict_writes else 0
@@ -136,8 +136,8 @@ class SandboxedProcess:
                 [sys.executable, "-m", "hpc.runner", role, str(to_child_r), str(from_child_w)],
                 cwd=self.workdir, env=child_env, stdin=subprocess.DEVNULL, stdout=self._stderr,
                 stderr=self._stderr, pass_fds=(to_child_r, from_child_w), start_new_session=True,
-                preexec_fn=functools.partial(_confine, cfg, backend,
-                                             _writable_paths(self.workdir, backend, writable or []), abi, net),
+                preexec_fn=functools.partial(confine, cfg, backend,
+                                             writable_paths(self.workdir, backend, writable or []), abi, net),
             )
         finally:
             os.close(to_child_r)
@@ -146,18 +146,27 @@ class SandboxedProcess:
 
     def request(self, message: dict, timeout: float | None = None):
         """Send one JSON message and return the decoded reply; SandboxError on any failure."""
-        deadline = self.deadline if timeout is None else min(self.deadline, time.monotonic() + timeout)
+        self.send(message)
+        return self.receive(message.get("op", "?"), timeout)
+
+    def send(self, message: dict) -> None:
+        """Send without waiting (pair with `receive`): two processes can then work at once."""
         try:
             write_message(self._to_child, encode_json(message))
-            reply = decode_torch(read_message(self._from_child, deadline))
         except BrokenPipeError:
             raise self._failure() from None
+
+    def receive(self, op: str, timeout: float | None = None):
+        """The reply to the message `send` sent (`op` names it in a timeout's reason)."""
+        deadline = self.deadline if timeout is None else min(self.deadline, time.monotonic() + timeout)
+        try:
+            reply = read_reply(self._from_child, deadline)
         except ChannelClosed:
             raise self._failure() from None
         except ChannelTimeout:
             self.kill()
             waited = self.cfg.timeout_s if timeout is None else timeout
-            raise SandboxError(f"timed out after {waited:.0f} s in {message.get('op', '?')}", "timeout") from None
+            raise SandboxError(f"timed out after {waited:.0f} s in {op}", "timeout") from None
         except Exception as e:   # undecodable reply: a hostile or broken worker
             self.kill()
             raise SandboxError(f"malformed reply from the {self.role} process: {type(e).__name__}: {e}") from None
@@ -178,7 +187,9 @@ class SandboxedProcess:
             pass
 
     def close(self) -> ExitInfo:
-        """Ask the worker to exit, then kill its whole group; describe how it ended."""
+        """Ask the worker to exit, then kill its whole group; describe how it ended (idempotent)."""
+        if self._exit_info is not None:
+            return self._exit_info
         if self.proc.poll() is None:
             try:
                 write_message(self._to_child, encode_json({"op": "exit"}))
@@ -196,7 +207,8 @@ class SandboxedProcess:
             except OSError:
                 pass
         self._stderr.close()
-        return ExitInfo(rc, _describe_exit(rc, self.stderr_tail()))
+        self._exit_info = ExitInfo(rc, _describe_exit(rc, self.stderr_tail()))
+        return self._exit_info
 
     def stderr_tail(self, limit: int = 1500) -> str:
         try:

@@ -1,13 +1,14 @@
 """Length-prefixed messages over pipes between the harness and a sandboxed process.
 
-The harness sends JSON; the sandboxed side answers with `torch.save` payloads that the harness
-loads with `weights_only=True`, so a hostile process can send tensors and plain data but never
-an object that runs code when unpickled.
+The harness sends JSON. The sandboxed side answers with a reply: a JSON header (plain data, each
+tensor replaced by {"$tensor": k} and described by dtype and shape) followed by each tensor's raw
+bytes as its own message. Nothing is unpickled, so a hostile process can send tensors and plain
+data but never an object that runs code; and a 256 MB output crosses the pipe as its bytes,
+written from the tensor's memory and read into the harness's, with no serialization around it.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import select
@@ -64,15 +65,73 @@ def decode_json(data: bytes):
     return json.loads(data)
 
 
-def encode_torch(obj) -> bytes:
+MAX_TENSORS = 4096
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
+           "complex64", "complex128")
+
+
+def write_reply(fd: int, obj) -> None:
+    """`obj` (plain data and CPU tensors) as a header message and one message per tensor."""
+    tensors: list = []
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {str(k): strip(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [strip(v) for v in x]
+        if hasattr(x, "untyped_storage"):     # a torch.Tensor, without importing torch here
+            tensors.append(x.detach().to("cpu").resolve_conj().resolve_neg().contiguous())
+            return {"$tensor": len(tensors) - 1}
+        return x
+
+    header = strip(obj)
+    specs = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for t in tensors]
+    write_message(fd, encode_json({"reply": header, "tensors": specs}))
+    for t in tensors:
+        write_message(fd, memoryview(t.reshape(-1).view(_byte_dtype()).numpy()) if t.numel() else b"")
+
+
+def _byte_dtype():
     import torch
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getbuffer()
+    return torch.uint8
 
 
-def decode_torch(data: bytes):
+def read_reply(fd: int, deadline: float | None = None):
+    """The reply `write_reply` sent; ValueError when it is malformed."""
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    head = decode_json(read_message(fd, deadline))
+    if not isinstance(head, dict) or not isinstance(head.get("tensors"), list) or len(head["tensors"]) > MAX_TENSORS:
+        raise ValueError("reply header is malformed")
+    tensors = []
+    for spec in head["tensors"]:
+        if not isinstance(spec, dict) or spec.get("dtype") not in _DTYPES or not isinstance(spec.get("shape"), list) \
+                or not all(isinstance(d, int) and d >= 0 for d in spec["shape"]):
+            raise ValueError(f"reply tensor spec {str(spec)[:80]} is malformed")
+        dtype = getattr(torch, spec["dtype"])
+        numel = 1
+        for d in spec["shape"]:
+            numel *= d
+        expected = numel * torch.empty((), dtype=dtype).element_size()
+        if expected > MAX_MESSAGE:
+            raise ValueError(f"reply tensor of {expected} bytes exceeds the limit")
+        data = read_message(fd, deadline)
+        if len(data) != expected:
+            raise ValueError(f"reply tensor has {len(data)} bytes, its spec says {expected}")
+        flat = torch.frombuffer(data, dtype=torch.uint8) if expected else torch.empty(0, dtype=torch.uint8)
+        tensors.append(flat.view(dtype).reshape(spec["shape"]))
+
+    def restore(x):
+        if isinstance(x, dict):
+            if set(x) == {"$tensor"}:
+                k = x["$tensor"]
+                if not isinstance(k, int) or not 0 <= k < len(tensors):
+                    raise ValueError("reply refers to a tensor it did not send")
+                return tensors[k]
+            return {k: restore(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [restore(v) for v in x]
+        return x
+
+    return restore(head.get("reply"))

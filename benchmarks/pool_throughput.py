@@ -1,0 +1,118 @@
+"""Reward-pool throughput: evaluated candidates per minute per GPU, through the real MPI pool.
+
+An RL step hands the pool many distinct candidates for tasks it has seen before. So this builds
+`--candidates` distinct workdirs from the shipped solutions of the selected tasks (each a copy
+with a marker comment in its kernels: new content, a real compile, nothing cached but the task's
+eager and torch.compile baselines), warms those baselines once, then runs
+`mpirun -n 2 python -m mpi4py -m hpc.pool` (one coordinator, one worker rank on one GPU) for
+each `--concurrency`, on its own fresh candidate set, side by side in one run. The figure is
+candidates / wall time of the whole mpirun, startup included, and the stage totals say where
+the time went.
+
+    python benchmarks/pool_throughput.py --backend cuda --only level1 --candidates 26 --concurrency 1,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hpc.analysis.metrics import stage_seconds  # noqa: E402
+from hpc.results.hdf5 import read_records  # noqa: E402
+from hpc.suite import find_candidate  # noqa: E402
+from hpc.task import discover_tasks  # noqa: E402
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def candidate_set(root: Path, tasks: list, solutions: Path, count: int, tag: str) -> tuple[Path, Path]:
+    """`count` distinct candidates, cycling over `tasks`: task copies (same content, so the same
+    cached baselines) under new ids, each with its own solution copy marked `tag`."""
+    task_dir, cand_dir = root / "tasks", root / "candidates"
+    for k in range(count):
+        task = tasks[k % len(tasks)]
+        level = f"level{task.level}"
+        name = f"{task.path.stem}_{tag}{k}"
+        (task_dir / level).mkdir(parents=True, exist_ok=True)
+        shutil.copy(task.path, task_dir / level / f"{name}.py")
+        dst = cand_dir / level / name
+        shutil.copytree(find_candidate(task, solutions), dst)
+        for src in (dst / "kernels").glob("*.c*"):
+            src.write_text(src.read_text() + f"\n// candidate {tag}{k}\n")
+    return task_dir, cand_dir
+
+
+def run_pool(tasks: Path, candidates: Path, out: Path, backend: str, concurrency: int, log: Path) -> float:
+    cmd = ["mpirun", "-n", "2", "--enable-recovery", sys.executable, "-m", "mpi4py", "-m", "hpc.pool",
+           str(tasks), str(candidates), "--out", str(out), "--backend", backend,
+           "--concurrency", str(concurrency)]
+    started = time.perf_counter()
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(ROOT)}, stdout=f,
+                              stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    if proc.returncode:
+        raise SystemExit(f"pool exited {proc.returncode}; see {log}")
+    return wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", default=str(ROOT / "kernels/tasks"))
+    ap.add_argument("--solutions", default=str(ROOT / "kernels/solutions"))
+    ap.add_argument("--only", action="append", default=[], help="task-id prefix (repeatable)")
+    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
+    ap.add_argument("--candidates", type=int, default=26, help="distinct candidates per concurrency setting")
+    ap.add_argument("--concurrency", default="1,4", help="comma-separated evaluations at once on the worker rank")
+    ap.add_argument("--out", default="", help="write the figures as JSON here")
+    ap.add_argument("--keep", default="", help="keep the candidate sets, logs and HDF5 here")
+    ap.add_argument("--skip-warm", action="store_true", help="the baselines are cached already (carried cache)")
+    args = ap.parse_args()
+    settings = [int(c) for c in args.concurrency.split(",")]
+    if args.candidates < 1 or not settings or min(settings) < 1:
+        raise SystemExit("--candidates and every --concurrency must be >= 1")
+    tasks = [t for t in discover_tasks(Path(args.tasks)) if (not args.only or any(
+        t.task_id.startswith(p) for p in args.only)) and find_candidate(t, Path(args.solutions))]
+    if not tasks:
+        raise SystemExit(f"no task under {args.tasks} matching {args.only} has a solution in {args.solutions}")
+    work = Path(args.keep or tempfile.mkdtemp(prefix="hpc-pool-throughput-"))
+    work.mkdir(parents=True, exist_ok=True)
+    figures: dict = {"backend": args.backend, "tasks": [t.task_id for t in tasks], "date": time.strftime("%Y-%m-%d"),
+                     "candidates": args.candidates, "runs": {}}
+
+    if not args.skip_warm:
+        warm_tasks, warm_cands = candidate_set(work / "warm", tasks, Path(args.solutions), len(tasks), "warm")
+        wall = run_pool(warm_tasks, warm_cands, work / "warm.h5", args.backend, 4, work / "warm.log")
+        print(f"baselines warmed: {len(tasks)} tasks in {wall:.0f} s", flush=True)
+
+    print(f"{'concurrency':>11} {'candidates':>10} {'ok':>4} {'wall s':>8} {'per min':>8}  stage totals (s)", flush=True)
+    for c in settings:
+        t_dir, c_dir = candidate_set(work / f"c{c}", tasks, Path(args.solutions), args.candidates, f"c{c}_")
+        out = work / f"c{c}.h5"
+        wall = run_pool(t_dir, c_dir, out, args.backend, c, work / f"c{c}.log")
+        records = read_records(out)
+        ok = sum(r.status == "ok" for r in records)
+        totals = stage_seconds(records)
+        rate = len(records) / wall * 60
+        figures["runs"][str(c)] = {"wall_s": round(wall, 1), "evaluated": len(records), "ok": ok,
+                                   "per_min": round(rate, 2), "stage_seconds": totals}
+        print(f"{c:>11} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f}  {totals}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=1))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
