@@ -1,0 +1,178 @@
+"""Policy / critic checkpoints in megatron's `dist_checkpointing` format, with a step counter.
+
+Layout under a root directory:
+
+    ROOT/iter_0000100/     one dist_checkpointing checkpoint (model, optimizer, step)
+    ROOT/iter_0000100/hpc_policy.json   step, model config and the TP/PP layout that saved it
+    ROOT/latest            the step of the newest complete checkpoint
+
+Every tensor is stored with its global shape and each rank's slice of it, so a checkpoint
+saved under one TP/PP layout loads under another (resharding). A save is written to
+`iter_N.partial` and renamed to `iter_N` once every rank finished; `latest` moves after that,
+so a save killed half-way leaves the previous checkpoint as the one to resume from.
+
+The optimizer is any torch.optim optimizer whose per-parameter state is tensors shaped like
+the parameter plus a scalar `step` shared by all parameters (SGD, Adam, AdamW, ...): its state
+is sharded exactly like the parameters, so it reshards too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hpc.errors import UserError
+from hpc.policy.config import PolicyModelConfig, config_dict, policy_config
+
+META = "hpc_policy.json"
+
+
+def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
+    """Where step `step` lives under ROOT."""
+    return Path(root) / f"iter_{step:07d}"
+
+
+def latest_step(root: str | os.PathLike) -> int | None:
+    """The step in ROOT/latest, or None when nothing was saved there."""
+    try:
+        return int((Path(root) / "latest").read_text().strip())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise UserError(f"{Path(root) / 'latest'}: not a step number") from None
+
+
+def _resolve_step(root: str | os.PathLike, step: int | None) -> int:
+    if step is not None:
+        return step
+    latest = latest_step(root)
+    if latest is None:
+        raise UserError(f"{root}: no checkpoint (no 'latest' file)")
+    return latest
+
+
+def _optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    return list(itertools.chain.from_iterable(g["params"] for g in optimizer.param_groups))
+
+
+def _optimizer_sharded(optimizer: torch.optim.Optimizer, model_sharded: dict, state_keys: list[str]) -> dict:
+    """The optimizer's state as sharded tensors mirroring the model parameters' sharding."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    params = _optimizer_params(optimizer)
+    state = optimizer.state_dict()
+    for index, param in enumerate(params):
+        # A parameter without state yet (never stepped) gets zeros, so every rank saves and
+        # loads the same set of keys.
+        per_param = state["state"].setdefault(index, {})
+        for key in state_keys:
+            if key != "step" and key not in per_param:
+                per_param[key] = torch.zeros_like(param)
+    steps = {float(s["step"]) for s in state["state"].values() if "step" in s}
+    if len(steps) > 1:
+        raise ValueError("checkpoint: the optimizer's step differs between parameters")
+    id_map = get_param_id_to_sharded_param_map(model_sharded, params)
+    optim_state_to_sharding_state(state, id_map, exclude_keys=("step",))
+    state["common_step"] = steps.pop() if steps else None
+    return state
+
+
+def _state_keys(optimizer: torch.optim.Optimizer) -> list[str]:
+    return sorted({k for s in optimizer.state.values() for k in s})
+
+
+def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    cfg: PolicyModelConfig | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Save model (+ optimizer) at `step` under ROOT; collective over all ranks.
+
+    `extra` is small JSON-able data stored with the checkpoint (returned by load).
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    directory = checkpoint_dir(root, step)
+    staging = directory.with_name(directory.name + ".partial")
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    torch.distributed.barrier()
+    model_sharded = model.sharded_state_dict()
+    state: dict[str, Any] = {"model": model_sharded, "step": step, "extra": extra or {}}
+    if optimizer is not None:
+        keys = _state_keys(optimizer)
+        state["optimizer"] = _optimizer_sharded(optimizer, model_sharded, keys)
+        state["optimizer_state_keys"] = keys
+    dist_checkpointing.save(state, str(staging))
+    torch.distributed.barrier()
+    if rank == 0:
+        meta = {"step": step, "optimizer": optimizer is not None,
+                "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
+                "pipeline_parallel": ps.get_pipeline_model_parallel_world_size(),
+                "config": config_dict(cfg) if cfg is not None else None}
+        (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
+        shutil.rmtree(directory, ignore_errors=True)
+        os.replace(staging, directory)
+        tmp = Path(root) / "latest.tmp"
+        tmp.write_text(f"{step}\n")
+        os.replace(tmp, Path(root) / "latest")
+    torch.distributed.barrier()
+    return directory
+
+
+def load_checkpoint(root: str | os.PathLike, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    step: int | None = None) -> tuple[int, dict[str, Any]]:
+    """Load ROOT's checkpoint at `step` (default: latest) into model (+ optimizer), whatever
+    TP/PP layout saved it. Returns (step, extra). Collective over all ranks."""
+    from megatron.core import dist_checkpointing
+
+    step = _resolve_step(root, step)
+    directory = checkpoint_dir(root, step)
+    if not (directory / META).exists():
+        raise UserError(f"{directory}: not a complete checkpoint (no {META})")
+    common = dist_checkpointing.load_common_state_dict(str(directory))
+    if optimizer is not None and "optimizer" not in common:
+        raise UserError(f"{directory}: saved without optimizer state")
+    model_sharded = model.sharded_state_dict()
+    request: dict[str, Any] = {"model": model_sharded}
+    if optimizer is not None:
+        request["optimizer"] = _optimizer_sharded(optimizer, model_sharded, common["optimizer_state_keys"])
+    loaded = dist_checkpointing.load(request, str(directory))
+    missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise UserError(f"{directory}: does not fit the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    if optimizer is not None:
+        state = loaded["optimizer"]
+        common_step = state.pop("common_step", None)
+        if common_step is not None:
+            for per_param in state["state"].values():
+                per_param["step"] = torch.tensor(common_step)
+        state["param_groups"] = deepcopy(state["param_groups"])
+        optimizer.load_state_dict(state)
+    return int(loaded["step"]), dict(loaded.get("extra", {}))
+
+
+def checkpoint_config(root: str | os.PathLike, step: int | None = None) -> PolicyModelConfig:
+    """The model config a checkpoint was saved with (its parallel sizes are the saving run's;
+    set them to the loading run's before building the model)."""
+    meta_file = checkpoint_dir(root, _resolve_step(root, step)) / META
+    try:
+        meta = json.loads(meta_file.read_text())
+    except OSError as e:
+        raise UserError(f"{meta_file}: cannot read ({e.strerror})") from None
+    if not meta.get("config"):
+        raise UserError(f"{meta_file}: saved without a model config")
+    return policy_config(meta["config"])

@@ -1,0 +1,139 @@
+"""Shape, precision and parallel layout of the policy (and critic) model.
+
+A plain dataclass with no torch or megatron import, so configs can be loaded, validated and
+printed anywhere. Loaded from a dict or YAML with the same rules as the evaluation config:
+unknown keys and wrong types are errors that name the key (`policy.hidden_size: expected int`).
+A `preset` key picks the starting point (`tiny` for CPU, `0.5b` for the GPU); other keys
+override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpc.config import build_config, read_yaml_mapping
+from hpc.errors import UserError
+
+DTYPES = ("auto", "fp32", "bf16")
+
+
+@dataclass
+class ParallelSizes:
+    """Model-parallel sizes; data parallel is whatever the world size leaves over."""
+
+    tensor: int = 1
+    pipeline: int = 1
+
+
+@dataclass
+class PolicyModelConfig:
+    """A Llama/Qwen2-style decoder: RMSNorm, rotary embeddings, GQA, SwiGLU MLP.
+
+    The defaults are the `tiny` preset: about 270K parameters over the byte tokenizer's
+    vocabulary, fast enough for CPU tests and the embedded default.
+    """
+
+    num_layers: int = 4
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: int = 2               # key/value heads (GQA); = heads for plain MHA
+    ffn_hidden_size: int = 256
+    head_dim: int = 0                       # 0: hidden_size / num_attention_heads
+    vocab_size: int = 259                   # the tokenizer's vocabulary
+    vocab_multiple: int = 128               # embedding rows are padded to a multiple of this
+    max_seq_len: int = 1024
+    rope_base: float = 10000.0
+    rope_scaling_factor: float = 0.0        # Llama 3.x frequency scaling; 0: none
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False                  # Qwen2 has biases on q, k and v
+    tie_embeddings: bool = True
+    dtype: str = "auto"                     # auto: bf16 on GPU, fp32 on CPU
+    parallel: ParallelSizes = field(default_factory=ParallelSizes)
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and output layer: independent of the TP size, so a checkpoint
+        reshards between TP sizes unchanged."""
+        m = self.vocab_multiple
+        return -(-self.vocab_size // m) * m
+
+    def torch_dtype_name(self, cuda: bool) -> str:
+        """The parameter dtype this config resolves to on a machine with or without CUDA."""
+        if self.dtype == "auto":
+            return "bf16" if cuda else "fp32"
+        return self.dtype
+
+    def validate(self, world_size: int | None = None) -> None:
+        """Raise UserError naming the first inconsistent key; world_size also checks the
+        parallel layout against the processes actually running."""
+        if self.dtype not in DTYPES:
+            raise UserError(f"config policy.dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                    "ffn_hidden_size", "vocab_size", "vocab_multiple", "max_seq_len"):
+            if getattr(self, key) < 1:
+                raise UserError(f"config policy.{key}: must be >= 1, got {getattr(self, key)}")
+        for key in ("rope_base", "norm_eps"):
+            if getattr(self, key) <= 0:
+                raise UserError(f"config policy.{key}: must be > 0, got {getattr(self, key)}")
+        if self.head_dim < 0 or self.rope_scaling_factor < 0:
+            raise UserError("config policy.head_dim and policy.rope_scaling_factor: must be >= 0")
+        if not self.head_dim and self.hidden_size % self.num_attention_heads:
+            raise UserError(f"config policy.num_attention_heads: {self.num_attention_heads} does not divide "
+                            f"hidden_size {self.hidden_size} (set head_dim)")
+        if self.kv_channels % 2:
+            raise UserError(f"config policy.head_dim: rotary embeddings need an even head dim, got {self.kv_channels}")
+        if self.num_attention_heads % self.num_query_groups:
+            raise UserError(f"config policy.num_query_groups: {self.num_query_groups} does not divide "
+                            f"num_attention_heads {self.num_attention_heads}")
+        tp, pp = self.parallel.tensor, self.parallel.pipeline
+        if tp < 1 or pp < 1:
+            raise UserError(f"config policy.parallel: sizes must be >= 1, got tensor={tp} pipeline={pp}")
+        for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size", "padded_vocab_size"):
+            if getattr(self, key) % tp:
+                name = "vocab_multiple" if key == "padded_vocab_size" else key
+                raise UserError(f"config policy.{name}: {key} {getattr(self, key)} is not divisible by "
+                                f"parallel.tensor {tp}")
+        if self.num_layers % pp:
+            raise UserError(f"config policy.parallel.pipeline: {pp} does not divide num_layers {self.num_layers}")
+        if world_size is not None and world_size % (tp * pp):
+            raise UserError(f"config policy.parallel: tensor x pipeline = {tp * pp} does not divide "
+                            f"the world size {world_size}")
+
+
+# Starting points for `preset:`. `0.5b` has Qwen2.5-0.5B's shape, so that checkpoint imports into it.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "0.5b": dict(num_layers=24, hidden_size=896, num_attention_heads=14, num_query_groups=2,
+                 ffn_hidden_size=4864, vocab_size=151936, max_seq_len=32768, rope_base=1000000.0,
+                 qkv_bias=True, tie_embeddings=True, dtype="bf16"),
+}
+
+
+def policy_config(data: dict[str, Any] | None = None, **overrides: Any) -> PolicyModelConfig:
+    """A validated config from a mapping (optionally with `preset:`), then keyword overrides."""
+    data = dict(data or {})
+    data.update(overrides)
+    preset = data.pop("preset", "tiny")
+    if preset not in PRESETS:
+        raise UserError(f"config policy.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
+    merged = {**PRESETS[preset], **data}
+    cfg = build_config(PolicyModelConfig, merged, "policy.")
+    cfg.validate()
+    return cfg
+
+
+def load_policy_config(path: str | os.PathLike) -> PolicyModelConfig:
+    """A validated config from a YAML file holding the mapping `policy_config` takes."""
+    return policy_config(read_yaml_mapping(path))
+
+
+def config_dict(cfg: PolicyModelConfig) -> dict[str, Any]:
+    """Plain data (for YAML, JSON and checkpoint metadata); `policy_config` reads it back."""
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,114 @@
+"""Run megatron-core on a machine without CUDA (tests, the embedded CPU default).
+
+megatron-core assumes a GPU in a few places that the policy code reaches: tensors and buffers
+are allocated on `torch.cuda.current_device()`, the tensor-parallel RNG tracker saves and
+restores the CUDA generator, and a few collectives call `torch.cuda.synchronize()`. Without
+CUDA each of these raises. `apply()` redirects exactly those calls to the CPU:
+
+- `torch.cuda.current_device()` returns "cpu", so every allocation lands on the CPU;
+- `torch.cuda.synchronize()` does nothing (CPU work is synchronous);
+- `torch.cuda.get_rng_state/set_rng_state/manual_seed` and megatron's
+  `tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state` use the CPU generator, so
+  the RNG tracker's forks (dropout in tensor-parallel regions) are real forks of the CPU RNG;
+- with pipeline stages and tied embeddings, megatron moves the last stage's copy of the
+  embedding `.cuda()` before all-reducing it with the first stage's: that one method runs with
+  `Tensor.cuda` returning the tensor itself.
+
+On a machine with CUDA `apply()` changes nothing. `init_parallel` applies it and `teardown`
+removes it (`restore()`), so the rest of a process (other tests, the evaluator) sees torch as
+it was. What it does not cover (megatron's pipeline schedules, DDP and distributed optimizer,
+fused kernels, sequence parallel) is listed in docs/policy.md; the policy code keeps away
+from those on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# (owner, attribute) -> the original, while the patches are in force.
+_originals: dict[tuple[Any, str], Any] = {}
+
+
+def needed() -> bool:
+    """True when this process has no usable CUDA device, i.e. when `apply()` would patch."""
+    return not torch.cuda.is_available()
+
+
+def applied() -> bool:
+    """Whether the patches are in force now."""
+    return bool(_originals)
+
+
+def apply() -> bool:
+    """Patch torch.cuda and megatron's RNG helpers onto the CPU when there is no CUDA.
+
+    Returns whether the patches are in force. Idempotent; call it before building a model.
+    """
+    if _originals:
+        return True
+    if not needed():
+        return False
+    import megatron.core.tensor_parallel.random as mrandom
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    patches = {
+        (torch.cuda, "current_device"): _current_device,
+        (torch.cuda, "synchronize"): _synchronize,
+        (torch.cuda, "get_rng_state"): _get_rng_state,
+        (torch.cuda, "set_rng_state"): _set_rng_state,
+        (torch.cuda, "manual_seed"): _manual_seed,
+        (torch.cuda.random, "get_rng_state"): _get_rng_state,
+        (torch.cuda.random, "set_rng_state"): _set_rng_state,
+        (mrandom, "_get_cuda_rng_state"): _get_rng_state,
+        (mrandom, "_set_cuda_rng_state"): _set_rng_state,
+        (LanguageModule, "setup_embeddings_and_output_layer"):
+            _on_cpu(LanguageModule.setup_embeddings_and_output_layer),
+    }
+    for (owner, name), value in patches.items():
+        _originals[(owner, name)] = getattr(owner, name)
+        setattr(owner, name, value)
+    return True
+
+
+def restore() -> None:
+    """Undo `apply()` (a no-op when it is not in force)."""
+    while _originals:
+        (owner, name), value = _originals.popitem()
+        setattr(owner, name, value)
+
+
+def _current_device() -> str:
+    return "cpu"
+
+
+def _synchronize(device: Any = None) -> None:
+    return None
+
+
+def _manual_seed(seed: int) -> None:
+    torch.manual_seed(seed)
+
+
+def _get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+    torch.set_rng_state(new_state)
+
+
+def _on_cpu(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method` with `Tensor.cuda` returning the tensor itself while it runs."""
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda self, *a, **k: self
+        try:
+            return method(*args, **kwargs)
+        finally:
+            torch.Tensor.cuda = cuda
+    return wrapper

@@ -1,0 +1,266 @@
+"""The policy (a megatron-core GPTModel) and the critic (the same trunk with a scalar value head).
+
+Both are built for the calling process's place in the TP x PP grid set up by
+`hpc.policy.parallel.init_parallel`. The layer spec is megatron's local one (plain torch
+modules); Transformer Engine's is used only when TE is installed and CUDA is present. On CPU
+the model runs in fp32 with every fusion off, and callers pass an explicit attention mask
+(megatron's default mask is built on "cuda").
+
+Token conventions: inputs are [batch, seq] int64; `pad_mask` is True at padding. Padding may be
+on either side: rotary embeddings are relative, so a left-padded row gives the same logits as
+the unpadded row. Logits have `cfg.padded_vocab_size` columns; the ones past `cfg.vocab_size`
+are padding rows of the embedding and are masked out of every probability computed here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from hpc.policy.config import PolicyModelConfig
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+def _have_te() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
+    """The megatron TransformerConfig for `cfg` under the current parallel_state."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cuda = torch.cuda.is_available()
+    bf16 = cfg.torch_dtype_name(cuda) == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return TransformerConfig(
+        num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
+        ffn_hidden_size=cfg.ffn_hidden_size, kv_channels=cfg.kv_channels,
+        normalization="RMSNorm", layernorm_epsilon=cfg.norm_eps,
+        gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, add_qkv_bias=cfg.qkv_bias,
+        hidden_dropout=0.0, attention_dropout=0.0,
+        bf16=bf16, params_dtype=dtype, pipeline_dtype=dtype, attention_softmax_in_fp32=True,
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        use_cpu_initialization=not cuda,
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
+        cross_entropy_loss_fusion=False,
+    )
+
+
+def layer_spec() -> ModuleSpec:
+    """Transformer Engine's layer spec when TE and CUDA are there, megatron's local one otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if _have_te():
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def _check_parallel(cfg: PolicyModelConfig) -> None:
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if (tp, pp) != (cfg.parallel.tensor, cfg.parallel.pipeline):
+        raise ValueError(f"config asks for tensor={cfg.parallel.tensor} pipeline={cfg.parallel.pipeline}, "
+                         f"parallel_state was initialized with tensor={tp} pipeline={pp}")
+    cfg.validate(world_size=torch.distributed.get_world_size())
+
+
+def _gpt(cfg: PolicyModelConfig, post_process: bool, tie: bool) -> GPTModel:
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    model = GPTModel(
+        config=transformer_config(cfg), transformer_layer_spec=layer_spec(),
+        vocab_size=cfg.padded_vocab_size, max_sequence_length=cfg.max_seq_len,
+        pre_process=parallel_state.is_pipeline_first_stage(), post_process=post_process,
+        parallel_output=True, share_embeddings_and_output_weights=tie,
+        position_embedding_type="rope", rotary_base=cfg.rope_base,
+        rope_scaling=cfg.rope_scaling_factor > 0, rope_scaling_factor=cfg.rope_scaling_factor or 8.0)
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model
+
+
+def build_policy(cfg: PolicyModelConfig) -> GPTModel:
+    """This rank's stage of the policy GPTModel (initialized at random; load weights after)."""
+    from megatron.core import parallel_state
+
+    _check_parallel(cfg)
+    return _gpt(cfg, post_process=parallel_state.is_pipeline_last_stage(), tie=cfg.tie_embeddings)
+
+
+class CriticModel(torch.nn.Module):
+    """The policy's trunk with a scalar value head: one value per token.
+
+    The trunk is a GPTModel without its output layer; the last pipeline stage adds the final
+    RMSNorm and a Linear(hidden, 1) replicated on every TP rank. The head starts at zero, so
+    a fresh critic predicts 0 everywhere. Parameter names match the policy's except
+    `final_layernorm.*` (the policy's `decoder.final_layernorm.*`) and `value_head.*`, so a
+    policy checkpoint initializes the critic (`critic_state_from_policy`).
+    """
+
+    def __init__(self, cfg: PolicyModelConfig) -> None:
+        super().__init__()
+        from megatron.core import parallel_state
+
+        self.cfg = cfg
+        self.trunk = _gpt(cfg, post_process=False, tie=False)
+        self.post_process = parallel_state.is_pipeline_last_stage()
+        if self.post_process:
+            tc = self.trunk.config
+            device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+            self.final_layernorm = torch.nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps, device=device,
+                                                    dtype=tc.params_dtype)
+            self.value_head = torch.nn.Linear(cfg.hidden_size, 1, device=device, dtype=tc.params_dtype)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+
+    def set_input_tensor(self, input_tensor: torch.Tensor) -> None:
+        """Pipeline stages after the first take their input from the previous stage."""
+        self.trunk.set_input_tensor(input_tensor)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor) -> torch.Tensor:
+        """[batch, seq] values on the last stage; the [seq, batch, hidden] activations elsewhere."""
+        hidden = self.trunk(input_ids, position_ids, attention_mask)
+        if not self.post_process:
+            return hidden
+        return self.value_head(self.final_layernorm(hidden)).squeeze(-1).transpose(0, 1).float()
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (),
+                           metadata: dict | None = None) -> dict:
+        """The trunk's megatron sharded state dict plus the head, replicated across TP and DP."""
+        from megatron.core import parallel_state
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        sd = self.trunk.sharded_state_dict(prefix=f"{prefix}trunk.", sharded_offsets=sharded_offsets,
+                                           metadata=metadata)
+        if self.post_process:
+            local = {k: v for k, v in self.state_dict(prefix="", keep_vars=True).items()
+                     if not k.startswith("trunk.")}
+            dp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            sd.update(make_sharded_tensors_for_checkpoint(
+                local, prefix, {}, sharded_offsets,
+                tp_group=parallel_state.get_tensor_model_parallel_group(), dp_cp_group=dp_group))
+        return sd
+
+
+def build_critic(cfg: PolicyModelConfig) -> CriticModel:
+    """This rank's stage of the critic (random trunk, zero value head)."""
+    _check_parallel(cfg)
+    return CriticModel(cfg)
+
+
+def critic_state_from_policy(policy_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A critic state dict (without the value head) from this rank's policy state dict: the
+    usual PPO start, the critic's trunk equal to the policy's."""
+    out = {}
+    for key, value in policy_state.items():
+        if key.startswith("output_layer.") or key.endswith("_extra_state"):
+            continue
+        if key.startswith("decoder.final_layernorm."):
+            out[key.removeprefix("decoder.")] = value
+        else:
+            out[f"trunk.{key}"] = value
+    return out
+
+
+def attention_mask(pad_mask: torch.Tensor) -> torch.Tensor:
+    """Megatron's boolean mask [batch, 1, seq, seq] (True = masked): causal, and no query
+    attends to a padding key. Passed explicitly because the default is built on "cuda"."""
+    b, s = pad_mask.shape
+    causal = torch.ones(s, s, dtype=torch.bool, device=pad_mask.device).triu(1)
+    return causal[None, None] | pad_mask[:, None, None, :]
+
+
+def position_ids(tokens: torch.Tensor) -> torch.Tensor:
+    """0..seq-1 per row (rotary embeddings ignore them; the GPTModel signature wants them)."""
+    b, s = tokens.shape
+    return torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
+
+
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, vocab_start: int = 0) -> torch.Tensor:
+    """Logits with columns at global vocabulary ids >= vocab_size set to -inf. `vocab_start` is
+    the global id of column 0 (non-zero for a TP rank's shard of vocab-parallel logits)."""
+    width = logits.shape[-1]
+    real = vocab_size - vocab_start
+    if real >= width:
+        return logits
+    return torch.cat([logits[..., :max(real, 0)],
+                      torch.full_like(logits[..., max(real, 0):], float("-inf"))], dim=-1)
+
+
+def forward_logits(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None,
+                   gather: bool = True) -> torch.Tensor | None:
+    """[batch, seq, vocab] logits of the policy; gathered over TP unless `gather` is False (then
+    each TP rank holds its vocabulary shard, as `vocab_parallel_logprobs` wants).
+
+    With pipeline stages this is a forward-only pass (activations go stage to stage with
+    send/recv; no gradient crosses them) and only the last stage gets logits, the others None.
+    Training across stages belongs to megatron's pipeline schedules.
+    """
+    return staged_forward(model, tokens, pad_mask, runtime_gather_output=gather)
+
+
+def staged_forward(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None,
+                   **kwargs: bool) -> torch.Tensor | None:
+    """`model(tokens, positions, mask, **kwargs)` for the policy or the critic, over however
+    many pipeline stages there are; the last stage's output, None on the other stages."""
+    from megatron.core import parallel_state as ps
+
+    if pad_mask is None:
+        pad_mask = torch.zeros_like(tokens, dtype=torch.bool)
+    args = (tokens, position_ids(tokens), attention_mask(pad_mask))
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return model(*args, **kwargs)
+    first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    if not first:
+        config = (model.trunk if isinstance(model, CriticModel) else model).config
+        received = torch.empty(tokens.shape[1], tokens.shape[0], config.hidden_size,
+                               dtype=config.pipeline_dtype, device=next(model.parameters()).device)
+        torch.distributed.recv(received, src=ps.get_pipeline_model_parallel_prev_rank())
+        model.set_input_tensor(received)
+    out = model(*args, **kwargs)
+    if last:
+        return out
+    torch.distributed.send(out.detach().contiguous(), dst=ps.get_pipeline_model_parallel_next_rank())
+    return None
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """log p(target) under gathered logits [..., V] in fp32, padding columns masked."""
+    logp = torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def vocab_parallel_logprobs(local_logits: torch.Tensor, targets: torch.Tensor,
+                            vocab_size: int) -> torch.Tensor:
+    """log p(target) from this TP rank's vocabulary shard of the logits, without gathering the
+    full vocabulary: what a trainer uses to recompute the PPO ratio's log-probs under TP."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    start = parallel_state.get_tensor_model_parallel_rank() * local_logits.shape[-1]
+    local = mask_padded_vocab(local_logits.float(), vocab_size, start)
+    # It wants [seq, batch, vocab/tp], returns -log p, and works in place on its input: a copy.
+    nll = tensor_parallel.vocab_parallel_cross_entropy(
+        local.transpose(0, 1).clone(memory_format=torch.contiguous_format),
+        targets.transpose(0, 1).contiguous())
+    return -nll.transpose(0, 1)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Parameters held by this rank (a TP shard counts its shard only)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,129 @@
+"""Tokenizers behind one small interface: bytes for the tiny default, HF `tokenizers` for real models.
+
+Both have `vocab_size`, `pad_id`, `bos_id` (or None), `eos_id`, `encode(text)`,
+`decode(ids, skip_special=True)` and `special_ids`. `load_tokenizer("byte")` gives the byte
+tokenizer; a HF checkpoint directory (or its tokenizer.json) gives the HF one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+from hpc.errors import UserError
+
+
+class Tokenizer(Protocol):
+    """What generation and training need from a tokenizer."""
+
+    vocab_size: int
+    pad_id: int
+    bos_id: int | None
+    eos_id: int
+    special_ids: frozenset[int]
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0-255; then <|pad|>, <|bos|>, <|eos|>. Any text round-trips, and no
+    vocabulary file is needed, so the tiny CPU policy works out of the box."""
+
+    SPECIALS = ("<|pad|>", "<|bos|>", "<|eos|>")
+
+    def __init__(self) -> None:
+        self.pad_id, self.bos_id, self.eos_id = 256, 257, 258
+        self.vocab_size = 256 + len(self.SPECIALS)
+        self.special_ids = frozenset(range(256, self.vocab_size))
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Ids of the UTF-8 bytes of `text` (special-token strings are plain text here)."""
+        return ([self.bos_id] if add_bos else []) + list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Text of the ids; an incomplete UTF-8 sequence decodes to U+FFFD."""
+        out, pending = [], bytearray()
+        for i in ids:
+            if i < 256:
+                pending.append(i)
+                continue
+            out.append(pending.decode("utf-8", errors="replace"))
+            pending.clear()
+            if not skip_special:
+                out.append(self.SPECIALS[i - 256])
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class HFTokenizer:
+    """A HF `tokenizers` tokenizer.json, with pad/bos/eos from the checkpoint's config files
+    (generation_config.json, then config.json, then tokenizer_config.json). Without a pad token
+    the eos token pads (padding is masked anyway)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        root = path.parent if path.is_file() else path
+        file = path if path.is_file() else path / "tokenizer.json"
+        if not file.exists():
+            raise UserError(f"{file}: no tokenizer.json")
+        self._tok = Tokenizer.from_file(str(file))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        ids = _special_ids(root, self._tok)
+        if ids.get("eos") is None:
+            raise UserError(f"{root}: no eos token in generation_config.json, config.json or tokenizer_config.json")
+        self.eos_id = ids["eos"]
+        self.bos_id = ids.get("bos")
+        self.pad_id = ids["pad"] if ids.get("pad") is not None else self.eos_id
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Ids of `text`; special-token strings in it are recognized, no template is applied."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+
+def _special_ids(root: Path, tok) -> dict[str, int | None]:
+    """pad/bos/eos ids: config files give ids (eos may be a list: the first is taken) or, in
+    tokenizer_config.json, token strings."""
+    found: dict[str, int | None] = {}
+    for name in ("generation_config.json", "config.json"):
+        data = _json(root / name)
+        for kind in ("pad", "bos", "eos"):
+            value = data.get(f"{kind}_token_id")
+            if isinstance(value, list):
+                value = value[0] if value else None
+            if found.get(kind) is None and isinstance(value, int):
+                found[kind] = value
+    data = _json(root / "tokenizer_config.json")
+    for kind in ("pad", "bos", "eos"):
+        token = data.get(f"{kind}_token")
+        if isinstance(token, dict):
+            token = token.get("content")
+        if found.get(kind) is None and isinstance(token, str):
+            found[kind] = tok.token_to_id(token)
+    return found
+
+
+def _json(file: Path) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
+    """"byte", or a HF checkpoint directory / tokenizer.json path."""
+    if str(spec) == "byte":
+        return ByteTokenizer()
+    return HFTokenizer(spec)
