@@ -4,6 +4,8 @@
     hpc eval-suite TASKS CANDIDATES [--backend ...] [--scale ...] [--out FILE.h5] [--only SUBSTR]
     hpc import-kernelbench EVAL_RESULTS --level N --out FILE.h5 [--baseline-eager F] [--baseline-compile F]
         [--tasks DIR]
+    hpc synthesize --out RUN [--count N] [--seed S] [--config F] [--from OPS6K] [--import-only] [--benchmark DIR]
+        [--backend ...] [--scale ...] [--workers N]
 
 Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage
 (its record is still printed and written, the reason on stderr); 2 bad input (one `error:` line).
@@ -56,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="KernelBench's results/timing/<hardware>/baseline_time_torch_compile_inductor_default.json")
     imp.add_argument("--tasks", help="KernelBench's problem files (its KernelBench/ or levelN folder): the "
                                      "records get their task ids and hashes")
+    from hpc.synthesis.config import add_arguments
+
+    syn = sub.add_parser("synthesize", help="compose training tasks, filter them, write a dataset (in this process)")
+    add_arguments(syn)
     return parser
 
 
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     if args.command == "import-kernelbench":
         return _import_kernelbench(args)
+    if args.command == "synthesize":
+        return _synthesize(args)
     from pathlib import Path
 
     from hpc.candidate import load_candidate
@@ -142,6 +150,18 @@ def _import_kernelbench(args) -> int:
             writer.append(rec)
     print(summary_table(records))
     print(f"imported {len(records)} records into {args.out}", file=sys.stderr)
+    return 0
+
+
+def _synthesize(args) -> int:
+    from pathlib import Path
+
+    from hpc.synthesis.config import config_from_args
+    from hpc.synthesis.shards import print_report, run_local
+
+    cfg = config_from_args(args)
+    out = Path(args.out)
+    print_report(run_local(cfg, out), out)
     return 0
 
 

@@ -1,0 +1,308 @@
+"""The filter chain: every candidate task either passes all filters or is rejected by the first it
+fails, with that filter's name and a reason (docs/synthesis.md has the table).
+
+- load: a KernelBench problem file (hpc.task.load_task);
+- stochastic: no random ops, by a static scan of `Model`, then two calls on the same inputs;
+- contaminated: not a benchmark task, by normalized-AST similarity of the models or the same
+  operator signature (hpc.synthesis.similarity);
+- duplicate: not the normalized AST of a task accepted at a lower index (again at the merge);
+- eager: builds and runs in the sandboxed reference worker, float32 outputs;
+- finite: no NaN or Inf, on default inputs and the evaluator's extra distributions;
+- constant: outputs for two different inputs differ beyond the evaluator's tolerance;
+- runtime: the eager median (the evaluator's timing protocol) inside the scale's window;
+- compile: torch.compile builds it and agrees with eager.
+
+The task code is generated (or imported): it runs only in sandboxed workers (hpc.sandbox), never
+in this process. Cheap filters come first; the runtime filter comes before compile because a
+compile costs seconds and the window rejects many.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hpc.baseline import measure_program
+from hpc.errors import UserError
+from hpc.profile.device_lock import DeviceLock
+from hpc.sandbox.process import SandboxedProcess, SandboxError
+from hpc.synthesis.config import SynthesisConfig
+from hpc.synthesis.similarity import (BenchmarkIndex, ast_hash, canonical_op, import_aliases, model_tokens,
+                                      normalized_tokens, op_signature)
+from hpc.task import Task, load_task
+from hpc.verify.compare import compare_fingerprints, compare_outputs
+
+FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime", "compile")
+
+STOCHASTIC = frozenset(canonical_op(n) for n in """
+rand rand_like randn randn_like randint randint_like randperm bernoulli multinomial normal poisson
+uniform_ normal_ bernoulli_ exponential_ geometric_ cauchy_ log_normal_ random_
+dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout rrelu gumbel_softmax
+Dropout Dropout1d Dropout2d Dropout3d AlphaDropout FeatureAlphaDropout RReLU
+""".split())
+
+
+@dataclass
+class Verdict:
+    """What the chain decided about one candidate."""
+
+    accepted: bool = True
+    filter: str = ""                     # the filter that rejected it
+    reason: str = ""
+    ast_hash: str = ""
+    signature: list[str] = field(default_factory=list)
+    eager_ms: float = math.nan
+    seconds: dict[str, float] = field(default_factory=dict)   # per filter that ran
+    ran: list[str] = field(default_factory=list)              # filters that ran, in order of entry
+
+    def reject(self, name: str, reason: str) -> "Verdict":
+        self.accepted, self.filter, self.reason = False, name, reason
+        return self
+
+
+class _Rejected(Exception):
+    def __init__(self, name: str, reason: str):
+        super().__init__(reason)
+        self.name, self.reason = name, reason
+
+
+def stochastic_calls(source: str) -> str:
+    """The first random operation `Model` uses outside `__init__` (seeded parameter init is fine),
+    or a stochastic module it builds; "" when there is none."""
+    tree = ast.parse(source)
+    aliases = import_aliases(tree)
+    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    if model is None:
+        return ""
+    for method in model.body:
+        if not isinstance(method, ast.FunctionDef):
+            continue
+        for node in ast.walk(method):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute):
+                name = func.attr
+            elif isinstance(func, ast.Name):
+                name = aliases.get(func.id, func.id)
+            else:
+                continue
+            if canonical_op(name) not in STOCHASTIC:
+                continue
+            is_module = name.rsplit(".", 1)[-1][:1].isupper()
+            if method.name != "__init__" or is_module:
+                return f"{name} (line {node.lineno})"
+    return ""
+
+
+class FilterChain:
+    """Runs the filters on one candidate at a time; safe to call from several threads at once
+    (the shard's workers), timed runs taking the device alone (hpc.profile.device_lock)."""
+
+    def __init__(self, cfg: SynthesisConfig, benchmark: BenchmarkIndex | None = None):
+        self.cfg = cfg
+        self.eval = cfg.eval
+        self.skip = set(cfg.filters.skip)
+        self.benchmark = benchmark
+        self.lock = DeviceLock(cfg.eval.backend)
+        self.accepted: dict[str, int] = {}     # normalized-AST hash -> lowest accepted index
+        self._accepted_lock = threading.Lock()
+        self.inductor_cache = cfg.eval.cache_path() / "inductor"
+        self._compare_on = "cuda" if cfg.eval.backend == "cuda" else "cpu"   # GPU-scale outputs: seconds on the host
+
+    def remember(self, digest: str, index: int) -> None:
+        """An accepted candidate: later duplicates of it are rejected."""
+        with self._accepted_lock:
+            if digest not in self.accepted or index < self.accepted[digest]:
+                self.accepted[digest] = index
+
+    def check(self, index: int, code: str, filename: str) -> Verdict:
+        """Every filter in order until one rejects; an accepted candidate is remembered."""
+        verdict = Verdict()
+        with tempfile.TemporaryDirectory(prefix="hpc-synth-") as tmp:
+            path = Path(tmp) / f"{filename}.py"
+            path.write_text(code)
+            try:
+                self._static(index, code, path, verdict)
+                self._run(path, index, verdict)
+            except _Rejected as r:
+                return verdict.reject(r.name, r.reason)
+        self.remember(verdict.ast_hash, index)
+        return verdict
+
+    def _timed(self, name: str, verdict: Verdict, started: float) -> None:
+        verdict.seconds[name] = round(verdict.seconds.get(name, 0.0) + time.monotonic() - started, 4)
+
+    @staticmethod
+    def _enter(name: str, verdict: Verdict) -> float:
+        if name not in verdict.ran:
+            verdict.ran.append(name)
+        return time.monotonic()
+
+    def _static(self, index: int, code: str, path: Path, verdict: Verdict) -> None:
+        t0 = self._enter("load", verdict)
+        try:
+            load_task(path)
+        except UserError as e:
+            self._timed("load", verdict, t0)
+            raise _Rejected("load", str(e).replace(str(path), path.name)) from None
+        except RecursionError:
+            self._timed("load", verdict, t0)
+            raise _Rejected("load", "nested too deeply to parse") from None
+        try:
+            verdict.ast_hash = ast_hash(normalized_tokens(code))
+            verdict.signature = list(op_signature(code))
+        except (ValueError, RecursionError) as e:   # parses, but too deep or odd to normalize
+            raise _Rejected("load", f"cannot normalize: {type(e).__name__}: {e}") from None
+        finally:
+            self._timed("load", verdict, t0)
+        if "stochastic" not in self.skip:
+            t0 = self._enter("stochastic", verdict)
+            found = stochastic_calls(code)
+            self._timed("stochastic", verdict, t0)
+            if found:
+                raise _Rejected("stochastic", f"random operation {found}")
+        if "contaminated" not in self.skip and self.benchmark is not None:
+            t0 = self._enter("contaminated", verdict)
+            similar = self.benchmark.most_similar(model_tokens(code), self.cfg.filters.similarity)
+            same = self.benchmark.same_signature(tuple(verdict.signature)) if self.cfg.filters.signature_match \
+                else None
+            self._timed("contaminated", verdict, t0)
+            if similar:
+                raise _Rejected("contaminated", f"AST similarity {similar[1]:.3f} to benchmark {similar[0]}")
+            if same:
+                raise _Rejected("contaminated", f"operator signature ({', '.join(verdict.signature)}) "
+                                                f"matches benchmark {same}")
+        if "duplicate" not in self.skip:
+            self._enter("duplicate", verdict)
+            with self._accepted_lock:
+                first = self.accepted.get(verdict.ast_hash)
+            if first is not None and first < index:
+                raise _Rejected("duplicate", f"duplicate of candidate {first} (same normalized AST)")
+
+    def _seed(self, index: int) -> int:
+        return self.eval.seed if self.eval.seed >= 0 else (self.cfg.seed * 1_000_003 + index * 7919) % (1 << 30)
+
+    def _run(self, path: Path, index: int, verdict: Verdict) -> None:
+        """The filters that run the task. Skipping `eager` skips its worker, and with it `finite`,
+        `constant` and the dynamic half of `stochastic`, which read its outputs."""
+        if not {"eager", "runtime", "compile"} - self.skip:
+            return
+        task = load_task(path)
+        seed = self._seed(index)
+        expected = self._reference(task, seed, verdict) if "eager" not in self.skip else None
+        if "runtime" not in self.skip:
+            self._runtime(task, seed, verdict)
+        if "compile" not in self.skip:
+            self._compile(task, seed, expected, verdict)
+
+    def _reference(self, task: Task, seed: int, verdict: Verdict) -> list:
+        """eager, finite, constant and the dynamic stochastic check, in one reference worker; one
+        trial's outputs at a time (GPU-scale outputs are large). Returns the first trial's outputs."""
+        cfg = self.eval
+        trials = [{"seed": seed + 1, "distribution": "default"}, {"seed": seed + 2, "distribution": "default"}]
+        trials += [{"seed": seed + 1, "distribution": d} for d in cfg.correctness.distributions]
+        kept: list[list] = []
+        nonfinite = ""
+        with tempfile.TemporaryDirectory(prefix="hpc-synth-ref-") as workdir, \
+                SandboxedProcess("reference", Path(workdir), cfg.sandbox, cfg.backend) as ref:
+            for k, trial in enumerate(trials):
+                t0 = self._enter("eager", verdict)
+                try:
+                    with self.lock.shared():
+                        if k == 0:
+                            ref.request({"op": "setup", "task": str(task.path), "scale": cfg.scale,
+                                         "init_seed": seed, "device": cfg.backend})
+                        outputs = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+                except SandboxError as e:
+                    raise _Rejected("eager", e.reason) from None
+                finally:
+                    self._timed("eager", verdict, t0)
+                for i, out in enumerate(outputs):
+                    if not isinstance(out, torch.Tensor):
+                        raise _Rejected("eager", f"output {i} is a {type(out).__name__}, not a tensor")
+                    if out.dtype != torch.float32:
+                        raise _Rejected("eager", f"output {i} is {out.dtype}; tasks are float32")
+                    if not nonfinite and not bool(torch.isfinite(out).all()):
+                        nonfinite = (f"output {i} has NaN or Inf on {trial['distribution']} inputs "
+                                     f"(seed {trial['seed']})")
+                if k < 2:
+                    kept.append(outputs)
+                del outputs
+            if "finite" not in self.skip:
+                self._enter("finite", verdict)
+                if nonfinite:
+                    raise _Rejected("finite", nonfinite)
+            if "constant" not in self.skip:
+                t0 = self._enter("constant", verdict)
+                with self.lock.shared():
+                    same = compare_outputs(kept[0], kept[1], cfg.correctness, self._compare_on)
+                self._timed("constant", verdict, t0)
+                if same.ok:
+                    raise _Rejected("constant", "outputs for two different inputs agree within the evaluator's "
+                                                "tolerance: a constant would pass")
+            if "stochastic" not in self.skip:
+                t0 = self._enter("stochastic", verdict)
+                try:
+                    with self.lock.shared():
+                        prints = ref.request({"op": "fingerprints", "seed": seed + 1, "iterations": [0, 0]})
+                except SandboxError as e:
+                    raise _Rejected("eager", e.reason) from None
+                finally:
+                    self._timed("stochastic", verdict, t0)
+                first, second = prints["fingerprints"]
+                if not compare_fingerprints(first, second, cfg.correctness, [t.dtype for t in kept[0]]):
+                    raise _Rejected("stochastic", "two calls on the same inputs differ beyond the evaluator's "
+                                                  "tolerance")
+        return kept[0]
+
+    def _runtime(self, task: Task, seed: int, verdict: Verdict) -> None:
+        t0 = self._enter("runtime", verdict)
+        try:
+            stats = measure_program(task, "eager", self.eval, seed, self.lock)
+        except SandboxError as e:
+            self._timed("runtime", verdict, t0)
+            raise _Rejected("runtime", f"eager timing failed: {e.reason}") from None
+        self._timed("runtime", verdict, t0)
+        verdict.eager_ms = stats.median_ms
+        lo, hi = self.cfg.filters.window(self.eval.scale)
+        if stats.median_ms < lo:
+            raise _Rejected("runtime", f"too fast: eager {stats.median_ms:.4g} ms < {lo:g} ms "
+                                       f"({self.eval.scale} scale window)")
+        if stats.median_ms > hi:
+            raise _Rejected("runtime", f"too slow: eager {stats.median_ms:.4g} ms > {hi:g} ms "
+                                       f"({self.eval.scale} scale window)")
+
+    def _compile(self, task: Task, seed: int, expected: list | None, verdict: Verdict) -> None:
+        """torch.compile (default mode) in a sandboxed worker sharing the config's inductor cache;
+        its outputs must match eager's (when the eager filter ran)."""
+        cfg = self.eval
+        self.inductor_cache.mkdir(parents=True, exist_ok=True)
+        t0 = self._enter("compile", verdict)
+        with tempfile.TemporaryDirectory(prefix="hpc-synth-compile-") as workdir, \
+                SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend,
+                                 env={"TORCHINDUCTOR_CACHE_DIR": str(self.inductor_cache)},
+                                 writable=[self.inductor_cache]) as proc:
+            try:
+                with self.lock.shared():
+                    proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": seed,
+                                  "device": cfg.backend, "program": "compile", "mode": "default"})
+                    got = proc.request({"op": "outputs", "trials": [{"seed": seed + 1,
+                                                                     "distribution": "default"}]})["outputs"][0]
+            except SandboxError as e:
+                raise _Rejected("compile", f"torch.compile failed: {e.reason}") from None
+            finally:
+                self._timed("compile", verdict, t0)
+        if expected is None:
+            return
+        with self.lock.shared():
+            same = compare_outputs(expected, got, cfg.correctness, self._compare_on)
+        if not same.ok:
+            raise _Rejected("compile", f"torch.compile output differs from eager: {same.reason}")

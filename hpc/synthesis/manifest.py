@@ -1,0 +1,138 @@
+"""The dataset manifest: every candidate's verdict and the per-filter statistics.
+
+Written by the merge into the dataset folder:
+
+- `manifest.jsonl`: one line per accepted task, Ops-6K's fields first (`code`, `ops`,
+  `data_source`), then ours (`task_id`, `path`, `index`, `level`, `eager_ms`, `ast_hash`,
+  `signature`);
+- `manifest.h5`: group `candidates` (one row per candidate, accepted or not, with the filter that
+  rejected it and why) and group `filters` (per filter: entered, rejected, passed, seconds), file
+  attributes naming the run (docs/synthesis.md has the layout);
+- `stats.json`: the same statistics as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from hpc.errors import UserError
+
+FORMAT = "hpc-synthesis-manifest"
+FORMAT_VERSION = 1
+_STR = h5py.string_dtype("utf-8")
+# candidates group: column -> dtype (JSON-encoded lists and dicts are strings)
+COLUMNS = {"index": np.int64, "task_id": _STR, "stem": _STR, "level": np.int64, "accepted": np.bool_,
+           "filter": _STR, "reason": _STR, "ops": _STR, "data_source": _STR, "code": _STR, "ast_hash": _STR,
+           "signature": _STR, "eager_ms": np.float64, "seconds": _STR, "ran": _STR}
+_JSON_COLUMNS = ("ops", "signature", "seconds", "ran")
+
+
+@dataclass
+class FilterStats:
+    name: str
+    entered: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return self.entered - self.rejected
+
+
+def filter_stats(records: list[dict], filters: tuple[str, ...]) -> list[FilterStats]:
+    """Per filter, in chain order: candidates it ran on, those it rejected, and its seconds."""
+    stats = {name: FilterStats(name) for name in filters}
+    for rec in records:
+        for name in rec["ran"]:
+            stats[name].entered += 1
+        if not rec["accepted"]:
+            stats[rec["filter"]].rejected += 1
+        for name, seconds in rec["seconds"].items():
+            stats[name].seconds += seconds
+    return list(stats.values())
+
+
+def summary(records: list[dict], filters: tuple[str, ...]) -> dict:
+    accepted = sum(r["accepted"] for r in records)
+    return {"candidates": len(records), "accepted": accepted,
+            "yield": accepted / len(records) if records else 0.0,
+            "candidate_seconds": round(sum(sum(r["seconds"].values()) for r in records), 3),
+            "filters": [{**asdict(s), "passed": s.passed, "seconds": round(s.seconds, 3)}
+                        for s in filter_stats(records, filters)]}
+
+
+def write_manifest(folder: Path, records: list[dict], filters: tuple[str, ...], run: dict[str, str | int],
+                   attrs: dict[str, str]) -> dict:
+    """manifest.jsonl, manifest.h5 and stats.json into `folder`; returns the statistics. `run`
+    names the run (seed, count, source, backend, scale, shards): in both files; `attrs`
+    (provenance: commit, versions, config) only in the HDF5 file."""
+    stats = {**run, **summary(records, filters)}
+    with open(folder / "manifest.jsonl", "w") as f:
+        for r in records:
+            if r["accepted"]:
+                f.write(json.dumps({"code": r["code"], "ops": r["ops"], "data_source": r["data_source"],
+                                    "task_id": r["task_id"], "path": f"{r['task_id']}.py", "index": r["index"],
+                                    "level": r["level"], "eager_ms": _json_float(r["eager_ms"]),
+                                    "ast_hash": r["ast_hash"], "signature": r["signature"]}) + "\n")
+    (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    with h5py.File(folder / "manifest.h5", "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for key, value in {**attrs, **run}.items():
+            f.attrs[key] = value
+        group = f.create_group("candidates")
+        group.attrs["count"] = len(records)
+        for name, dtype in COLUMNS.items():
+            values = [json.dumps(r[name]) if name in _JSON_COLUMNS else r[name] for r in records]
+            group.create_dataset(name, data=np.array(values, dtype=dtype), dtype=dtype)
+        fgroup = f.create_group("filters")
+        rows = filter_stats(records, filters)
+        fgroup.create_dataset("name", data=np.array([s.name for s in rows], dtype=_STR), dtype=_STR)
+        for key in ("entered", "rejected", "passed"):
+            fgroup.create_dataset(key, data=np.array([getattr(s, key) for s in rows], dtype=np.int64))
+        fgroup.create_dataset("seconds", data=np.array([s.seconds for s in rows], dtype=np.float64))
+    return stats
+
+
+def _json_float(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+def read_manifest(path: str | os.PathLike) -> tuple[list[dict], list[FilterStats], dict]:
+    """Candidates (as dicts, JSON columns decoded), filter statistics and file attributes."""
+    path = Path(path)
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise UserError(f"manifest {path}: cannot read as HDF5 ({e})") from None
+    with f:
+        if f.attrs.get("format") != FORMAT or "candidates" not in f or "filters" not in f:
+            raise UserError(f"manifest {path}: not an {FORMAT} file")
+        group = f["candidates"]
+        missing = [c for c in COLUMNS if c not in group]
+        if missing:
+            raise UserError(f"manifest {path}: malformed, missing columns {', '.join(missing)}")
+        columns = {c: group[c][:] for c in COLUMNS}
+        records = []
+        for i in range(int(group.attrs["count"])):
+            rec = {}
+            for name in COLUMNS:
+                v = columns[name][i]
+                v = v.decode() if isinstance(v, bytes) else v.item() if isinstance(v, np.generic) else v
+                rec[name] = json.loads(v) if name in _JSON_COLUMNS else v
+            records.append(rec)
+        fg = f["filters"]
+        stats = [FilterStats(n.decode(), int(e), int(r), float(s)) for n, e, r, s in
+                 zip(fg["name"][:], fg["entered"][:], fg["rejected"][:], fg["seconds"][:])]
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v.item() if isinstance(v, np.generic) else v)
+                 for k, v in f.attrs.items()}
+    return records, stats, attrs

@@ -1,0 +1,292 @@
+"""Sharded, resumable synthesis runs: one JSONL file per shard, then a merge into the dataset.
+
+Candidate i belongs to shard i % shards. A shard appends one line per candidate to
+`RUN/shard-NNNN.jsonl` (after a header line naming the run) and flushes it to disk, so a shard
+started again (requeued, preempted, re-submitted) reads its file, drops a torn last line and
+checks only what is missing. The merge reads every shard, deduplicates accepted tasks across
+shards in index order, and writes `RUN/dataset/` (levelN/<stem>.py task files, manifest.jsonl,
+manifest.h5, stats.json), replacing an older one whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.errors import UserError
+from hpc.progress import Progress
+from hpc.synthesis.config import SynthesisConfig
+from hpc.synthesis.filters import FILTERS, FilterChain
+from hpc.synthesis.manifest import write_manifest
+from hpc.synthesis.similarity import BenchmarkIndex
+
+SHARD_FORMAT = "hpc-synthesis-shard"
+DATASET = "dataset"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate task, before the filters."""
+
+    index: int
+    stem: str
+    level: int
+    code: str
+    ops: list[str]
+    data_source: str
+
+    @property
+    def task_id(self) -> str:
+        return f"level{self.level}/{self.stem}"
+
+
+class Source:
+    """Candidates by index: the rule-based composer, or the rows of an Ops-6K file."""
+
+    def __init__(self, cfg: SynthesisConfig):
+        self.cfg = cfg
+        if cfg.source:
+            from hpc.synthesis.ops6k import read_ops6k
+
+            self.rows = read_ops6k(cfg.source)
+            self.count = len(self.rows) if cfg.count == 0 else min(cfg.count, len(self.rows))
+        else:
+            self.rows = None
+            self.count = cfg.count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def get(self, index: int) -> Proposal:
+        if self.rows is None:
+            from hpc.synthesis.compose import compose
+
+            c = compose(self.cfg.seed, index, self.cfg.compose)
+            return Proposal(index, c.stem, c.level, c.code, c.ops, self.cfg.data_source)
+        from hpc.synthesis.ops6k import task_name
+        from hpc.synthesis.similarity import op_signature
+
+        row = self.rows[index]
+        named = row.ops
+        if not named:   # a row without `ops`: named after the operators its forward applies
+            try:
+                named = list(op_signature(row.code))
+            except (SyntaxError, ValueError, RecursionError):
+                named = []   # the load filter rejects it
+        return Proposal(index, f"{index:06d}_{task_name(named)}", 1 if len(named) == 1 else 2, row.code, row.ops,
+                        row.data_source)
+
+
+def fingerprint(cfg: SynthesisConfig) -> str:
+    """What must be the same for two runs to share shard files: all but where caches live and
+    how many workers a shard uses."""
+    data = cfg.to_dict()
+    data.pop("workers")
+    data["eval"].pop("cache_dir")
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shard_path(out: Path, shard: int) -> Path:
+    return out / f"shard-{shard:04d}.jsonl"
+
+
+def read_shard(path: Path) -> tuple[dict | None, list[dict], int]:
+    """The header, the complete records and the byte length they span (a torn last line, from a
+    shard killed mid-write, is not part of it)."""
+    data = path.read_bytes()
+    header, records, good = None, [], 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if header is None:
+            if not isinstance(obj, dict) or obj.get("format") != SHARD_FORMAT:
+                raise UserError(f"shard {path}: not a synthesis shard file")
+            header = obj
+        else:
+            records.append(obj)
+        good += len(line)
+    return header, records, good
+
+
+def _header(cfg: SynthesisConfig, shard: int, shards: int, count: int) -> dict:
+    return {"format": SHARD_FORMAT, "version": 1, "shard": shard, "shards": shards, "count": count,
+            "fingerprint": fingerprint(cfg), "config": cfg.to_dict()}
+
+
+def _check_header(path: Path, header: dict, expected: dict, keys: tuple[str, ...] = ("shards", "count", "fingerprint")
+                  ) -> None:
+    for key in keys:
+        if header.get(key) != expected[key]:
+            raise UserError(f"shard {path}: written by a different run ({key} {header.get(key)!r}, this run "
+                            f"{expected[key]!r}); use a new output folder")
+
+
+def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
+              stop: threading.Event | None = None) -> dict:
+    """Filter this shard's candidates not yet in its file. With `stop` set (SIGTERM from Slurm),
+    no further candidate starts and none in flight is recorded (its workers may have been killed
+    with the job): the requeued shard checks them again."""
+    source = Source(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    path = shard_path(out, shard)
+    expected = _header(cfg, shard, shards, len(source))
+    records: list[dict] = []
+    if path.exists():
+        header, records, good = read_shard(path)
+        if header is None:
+            path.unlink()
+        else:
+            _check_header(path, header, expected, ("shard", "shards", "count", "fingerprint"))
+            with open(path, "r+b") as f:
+                f.truncate(good)
+    if not path.exists():
+        path.write_text(json.dumps(expected) + "\n")
+    benchmark = BenchmarkIndex(cfg.benchmark) if cfg.benchmark and "contaminated" not in cfg.filters.skip else None
+    chain = FilterChain(cfg, benchmark)
+    for rec in records:
+        if rec["accepted"]:
+            chain.remember(rec["ast_hash"], rec["index"])
+    done = {rec["index"] for rec in records}
+    todo = [i for i in range(shard, len(source), shards) if i not in done]
+    stop = stop or threading.Event()
+    write_lock = threading.Lock()
+    bar = Progress(len(todo), f"shard {shard}", sys.stderr, every_s=30.0)
+    accepted = 0
+
+    def one(index: int) -> None:
+        nonlocal accepted
+        if stop.is_set():
+            return
+        proposal = source.get(index)
+        t0 = time.monotonic()
+        verdict = chain.check(index, proposal.code, proposal.stem)
+        if stop.is_set():
+            return
+        rec = {"index": index, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
+               "ops": proposal.ops, "data_source": proposal.data_source, "code": proposal.code,
+               **{k: v for k, v in dataclasses.asdict(verdict).items() if k != "eager_ms"},
+               "eager_ms": None if math.isnan(verdict.eager_ms) else verdict.eager_ms,
+               "wall_s": round(time.monotonic() - t0, 3)}
+        with write_lock:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            accepted += verdict.accepted
+            state = "accepted" if verdict.accepted else f"{verdict.filter}: {verdict.reason[:160]}"
+            bar.advance(f"shard {shard}: {proposal.stem}: {state}")
+
+    with ThreadPoolExecutor(max_workers=cfg.workers) as pool:
+        for future in [pool.submit(one, i) for i in todo]:
+            future.result()
+    bar.close()
+    checked = len(read_shard(path)[1]) - len(records)
+    return {"shard": shard, "file": str(path), "checked": checked, "skipped": len(done),
+            "accepted": accepted, "preempted": stop.is_set()}
+
+
+def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
+    """Every shard's records into RUN/dataset; the statistics (also in dataset/stats.json)."""
+    files = sorted(out.glob("shard-*.jsonl"))
+    if not files:
+        raise UserError(f"run {out}: no shard files (shard-*.jsonl) to merge")
+    headers, records = {}, []
+    for path in files:
+        header, recs, _ = read_shard(path)
+        if header is None:
+            raise UserError(f"shard {path}: empty")
+        headers[path] = header
+        records += recs
+    first = next(iter(headers.values()))
+    for path, header in headers.items():
+        _check_header(path, header, first)
+    if cfg is not None and fingerprint(cfg) != first["fingerprint"]:
+        raise UserError(f"run {out}: its shards were written with a different config than this one")
+    shards, count = first["shards"], first["count"]
+    missing_shards = sorted(set(range(shards)) - {h["shard"] for h in headers.values()})
+    if missing_shards:
+        raise UserError(f"run {out}: shard(s) {', '.join(map(str, missing_shards))} of {shards} have no file yet")
+    by_index = {r["index"]: r for r in records}
+    missing = sorted(set(range(count)) - set(by_index))
+    if missing:
+        shard_list = sorted({i % shards for i in missing})
+        raise UserError(f"run {out}: {len(missing)} of {count} candidates not checked yet (shard(s) "
+                        f"{', '.join(map(str, shard_list))}); run them again")
+    records = [by_index[i] for i in range(count)]
+    config = first["config"]
+    if "duplicate" not in config["filters"]["skip"]:
+        _dedup(records)
+    for rec in records:
+        rec["eager_ms"] = math.nan if rec["eager_ms"] is None else rec["eager_ms"]
+    dataset = out / DATASET
+    partial = out / f"{DATASET}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    for rec in records:
+        if rec["accepted"]:
+            target = partial / f"{rec['task_id']}.py"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(rec["code"])
+    from hpc.results.hdf5 import provenance
+
+    run = {"seed": config["seed"], "count": count, "source": config["source"] or "composer",
+           "backend": config["eval"]["backend"], "scale": config["eval"]["scale"], "shards": shards}
+    stats = write_manifest(partial, records, FILTERS, run, provenance(config))
+    if dataset.exists():
+        shutil.rmtree(dataset)
+    partial.rename(dataset)
+    return stats
+
+
+def _dedup(records: list[dict]) -> None:
+    """Accepted tasks with the same normalized AST: the lowest index stays (the same whichever
+    shard or worker checked them first)."""
+    seen: dict[str, str] = {}
+    for rec in records:
+        if not rec["accepted"]:
+            continue
+        if rec["ast_hash"] in seen:
+            rec.update(accepted=False, filter="duplicate", reason=f"duplicate of {seen[rec['ast_hash']]} "
+                                                                  "(same normalized AST)")
+            if "duplicate" not in rec["ran"]:
+                rec["ran"].append("duplicate")
+        else:
+            seen[rec["ast_hash"]] = rec["task_id"]
+
+
+def run_local(cfg: SynthesisConfig, out: Path) -> dict:
+    """The whole pipeline in this process: one shard, then the merge."""
+    run_shard(cfg, 0, 1, out)
+    return merge(out, cfg)
+
+
+def stats_table(stats: dict) -> str:
+    """The per-filter table printed at the end of a run."""
+    lines = ["| filter | entered | rejected | passed | seconds |", "|---|---:|---:|---:|---:|"]
+    for f in stats["filters"]:
+        if f["entered"]:
+            lines.append(f"| {f['name']} | {f['entered']} | {f['rejected']} | {f['passed']} | {f['seconds']:.1f} |")
+    lines.append(f"| **accepted** | {stats['candidates']} | {stats['candidates'] - stats['accepted']} | "
+                 f"{stats['accepted']} ({100 * stats['yield']:.1f}%) | {stats['candidate_seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def print_report(stats: dict, out: Path) -> None:
+    """The per-filter table on stdout and the one-line outcome on stderr."""
+    print(stats_table(stats))
+    print(f"synthesize: {stats['accepted']} of {stats['candidates']} candidates accepted into {out / DATASET}",
+          file=sys.stderr)

@@ -1,0 +1,128 @@
+"""Synthesize training tasks as a Slurm array through submitit: shards of candidates through the
+filters, then a merge into one dataset.
+
+    python jobs/synthesize.py --out RUN --count 6000 --shards 16 [--seed 0] [--benchmark KernelBench/KernelBench]
+        [--backend cuda] [--config synth.yaml] [--from ops6k.jsonl [--import-only]] [--workers 4]
+        [--partition gpu --account ACC --time 240 --gpus-per-task 1] [--executor auto|slurm|local]
+
+Candidate i (composed from the seed and i, or row i of an Ops-6K file) belongs to shard i % shards.
+Each array task appends its verdicts to RUN/shard-NNNN.jsonl and skips what that file already
+holds, so a requeued task (preemption, the time limit: submitit checkpoints and requeues it) or a
+re-submission checks only what is missing. When every shard is done they are merged into
+RUN/dataset/ (task files, manifest.jsonl, manifest.h5, stats.json; docs/synthesis.md), accepted
+tasks deduplicated across shards, and the per-filter table is printed. `--shard K` checks one
+shard here and now (an array task of slurm_templates/synthesize.sbatch); `--merge` only merges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import submitit  # noqa: E402
+
+from hpc.errors import UserError  # noqa: E402
+from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
+
+
+class SynthesizeShard(submitit.helpers.Checkpointable):
+    """One array task: its share of the candidates into its own JSONL file. Checkpointable: on
+    preemption or timeout submitit requeues it with the same arguments, and the file it wrote
+    tells it where it stopped."""
+
+    def __call__(self, shard: int, shards: int, out_dir: str, cfg) -> dict:
+        from hpc.synthesis.shards import run_shard
+
+        summary = run_shard(cfg, shard, shards, Path(out_dir), stop=watch_for_sigterm())
+        if summary["preempted"]:
+            # no result for submitit to record: the requeued task (or a re-submission) finishes the shard
+            print(f"shard {shard}: preempted; it continues after the requeue", flush=True)
+            sys.stdout.flush()
+            os._exit(143)
+        return summary
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from hpc.synthesis.config import add_arguments
+
+    p = _Parser(prog="jobs/synthesize.py", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    p.add_argument("--shards", type=int, default=1, help="array tasks (default 1)")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--shard", type=int, default=None,
+                      help="check only this shard of --shards, here and now (an array task of "
+                           "slurm_templates/synthesize.sbatch)")
+    step.add_argument("--merge", action="store_true", help="only merge the run's shard files into RUN/dataset")
+    add_executor_args(p, minutes=240)
+    p.add_argument("--gpus-per-task", type=int, default=0)
+    p.add_argument("--parallelism", type=int, default=None, help="array tasks running at once")
+    p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hpc.synthesis.config import config_from_args
+    from hpc.synthesis.shards import Source, merge, run_shard
+
+    try:
+        args = parse_args(argv)
+        if args.shards < 1:
+            raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
+        if args.shard is not None and not 0 <= args.shard < args.shards:
+            raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
+        cfg = config_from_args(args)
+        out = Path(args.out).resolve()
+        if args.merge:
+            return _report(merge(out, cfg), out)
+        count = len(Source(cfg))
+        if args.shard is not None:
+            summary = run_shard(cfg, args.shard, args.shards, out, stop=watch_for_sigterm())
+            if summary["preempted"]:
+                print(f"synthesize: shard {args.shard} preempted; run it again to finish", file=sys.stderr)
+                return 143
+            print(f"synthesize: shard {args.shard} of {args.shards} done ({summary['checked']} checked, "
+                  f"{summary['skipped']} already recorded, {summary['accepted']} accepted) in {summary['file']}",
+                  file=sys.stderr, flush=True)
+            return 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shards = max(1, min(args.shards, count))
+    executor = make_executor(out / "submitit", args.executor, "hpc-synthesize", args.time,
+                             gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
+                             partition=args.partition, account=args.account, parallelism=args.parallelism)
+    jobs = executor.map_array(SynthesizeShard(), range(shards), [shards] * shards, [str(out)] * shards,
+                              [cfg] * shards)
+    print(f"synthesize: {count} candidates in {shards} shards, {executor.cluster} job "
+          f"{jobs[0].job_id.split('_')[0]}", file=sys.stderr, flush=True)
+    failed = wait_for_array(jobs, "synthesize", lambda s: (f"shard {s['shard']} done ({s['checked']} checked, "
+                                                           f"{s['skipped']} already recorded, {s['accepted']} accepted)"),
+                            args.progress_every)
+    try:
+        code = _report(merge(out, cfg), out)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 1 if failed else code
+
+
+def _report(stats: dict, out: Path) -> int:
+    from hpc.synthesis.shards import print_report
+
+    print_report(stats, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""Training-task synthesis: shape inference over the whole catalog, the seeded composer, the filter
+chain on planted bad tasks (each rejected by the right filter), deduplication and decontamination,
+the merged dataset and manifest, the Ops-6K import, and every emitted task evaluated."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc.errors import UserError
+from hpc.synthesis.catalog import CATALOG
+from hpc.synthesis.compose import compose
+from hpc.synthesis.config import ComposeConfig, load_synthesis_config
+from hpc.synthesis.filters import FILTERS, FilterChain
+from hpc.synthesis.manifest import read_manifest
+from hpc.synthesis.shards import merge, read_shard, run_local, run_shard, shard_path
+from hpc.synthesis.similarity import BenchmarkIndex, ast_hash, normalized_tokens, op_signature, similarity
+from hpc.task import load_task
+from tests.conftest import ROOT, TESTS
+
+RUN_FILTERS = ["eager", "finite", "constant", "runtime", "compile"]   # skipped where a test needs only static ones
+
+
+def _exec(code: str, scale: str) -> tuple[torch.Tensor, list]:
+    """Run a composed task in this process (test code only): at the cpu scale for real, at the gpu
+    scale on the meta device (shapes without memory)."""
+    module = types.ModuleType("composed")
+    exec(compile(code, "composed", "exec"), module.__dict__)
+    if scale == "cpu":
+        for name, value in module.SCALES["cpu"].items():
+            setattr(module, name, value)
+    with torch.device("cpu" if scale == "cpu" else "meta"), torch.no_grad():
+        torch.manual_seed(0)
+        model = module.Model(*module.get_init_inputs()).eval()
+        inputs = module.get_inputs()
+        return model(*inputs), inputs
+
+
+def _steps(code: str) -> list[str]:
+    return code.split('"""')[1].split(" (hpc.synthesis")[0].split(" -> ")
+
+
+def test_every_catalog_operator_is_composed_with_the_shapes_inference_predicts():
+    cfg = ComposeConfig()
+    first: dict[str, int] = {}
+    for i in range(1500):
+        for step in _steps(compose(0, i, cfg).code):
+            first.setdefault(step, i)
+    assert {spec.name for spec in CATALOG} <= set(first), sorted({spec.name for spec in CATALOG} - set(first))
+    for i in sorted(set(first.values())):
+        c = compose(0, i, cfg)
+        assert 1 <= len(c.ops) <= 5 and c.level == (1 if len(c.ops) == 1 else 2)
+        for scale in ("cpu", "gpu"):
+            out, inputs = _exec(c.code, scale)
+            assert tuple(out.shape) == c.output_shapes[scale], (c.stem, scale, c.code)
+            assert out.dtype == torch.float32
+            assert all(x.dtype in (torch.float32, torch.int64) for x in inputs)
+        assert all(line.split("(")[0].split("= ")[-1] in ("torch.randn", "torch.rand", "torch.randint")
+                   for line in c.code.split("def get_inputs():")[1].split("return")[0].strip().splitlines())
+
+
+def test_the_same_seed_composes_the_same_task_whatever_the_order():
+    cfg = ComposeConfig(min_ops=2, max_ops=4)
+    forward = [compose(11, i, cfg).code for i in range(30)]
+    backward = [compose(11, i, cfg).code for i in reversed(range(30))][::-1]
+    assert forward == backward
+    assert forward != [compose(12, i, cfg).code for i in range(30)]
+    counts = [len(compose(11, i, cfg).ops) for i in range(30)]
+    assert min(counts) >= 2 and max(counts) <= 4
+
+
+def test_gpu_sizes_follow_the_roofline_target():
+    """The batch is set so the estimate of eager is near the target: a larger target, larger tasks."""
+    small = compose(3, 5, ComposeConfig(target_ms_gpu=1.0))
+    large = compose(3, 5, ComposeConfig(target_ms_gpu=64.0))
+    out_small, out_large = small.output_shapes["gpu"], large.output_shapes["gpu"]
+    assert out_large[0] > out_small[0] and out_large[1:] == out_small[1:]
+    assert small.output_shapes["cpu"] == large.output_shapes["cpu"]
+
+
+# ---- normalization, hashes, signatures ----
+
+KB_CONV = '''import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    """Conv2d, ReLU, bias add (KernelBench level-2 style)."""
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape):
+        super(Model, self).__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = torch.relu(x)
+        x = x + self.bias
+        return x
+
+batch_size = 128
+in_channels = 3
+out_channels = 16
+height, width = 32, 32
+kernel_size = 3
+bias_shape = (out_channels, 1, 1)
+
+def get_inputs():
+    return [torch.randn(batch_size, in_channels, height, width)]
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, bias_shape]
+'''
+
+
+def test_normalized_hash_ignores_names_docstrings_and_sizes_but_not_operators():
+    renamed = re.sub(r"\bx\b", "inp", KB_CONV.replace("self.conv", "self.c1")).replace(
+        "batch_size = 128", "batch_size = 7").replace("height, width = 32, 32", "height, width = 64, 48").replace(
+        "(KernelBench level-2 style)", "renamed")
+    assert renamed != KB_CONV
+    assert ast_hash(normalized_tokens(renamed)) == ast_hash(normalized_tokens(KB_CONV))
+    other = KB_CONV.replace("torch.relu(x)", "torch.sigmoid(x)")
+    assert ast_hash(normalized_tokens(other)) != ast_hash(normalized_tokens(KB_CONV))
+    assert similarity(normalized_tokens(other), normalized_tokens(KB_CONV)) > 0.9
+
+
+def test_operator_signatures_are_canonical():
+    assert op_signature(KB_CONV) == ("conv2d", "relu", "add")
+    assert op_signature((TESTS / "fixtures" / "kernelbench" / "19_ReLU.py").read_text()) == ("relu",)
+    functional = KB_CONV.replace("x = torch.relu(x)", "x = F.relu(x)").replace(
+        "import torch.nn as nn", "import torch.nn as nn\nimport torch.nn.functional as F")
+    method = KB_CONV.replace("x = torch.relu(x)", "x = x.relu()")
+    module = KB_CONV.replace("x = torch.relu(x)", "x = self.act(x)").replace(
+        "self.bias = nn.Parameter", "self.act = nn.ReLU()\n        self.bias = nn.Parameter")
+    assert op_signature(functional) == op_signature(method) == op_signature(module) == ("conv2d", "relu", "add")
+
+
+# ---- planted bad tasks, each rejected by the right filter ----
+
+def _task(forward: str, init: str = "", inputs: str = "torch.randn(batch_size, dim)",
+          sizes: str = "batch_size = 64\ndim = 256", init_args: str = "", init_values: str = "") -> str:
+    return f'''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self{init_args}):
+        super().__init__()
+{init or "        pass"}
+
+    def forward(self, x):
+{forward}
+
+
+{sizes}
+
+
+def get_inputs():
+    return [{inputs}]
+
+
+def get_init_inputs():
+    return [{init_values}]
+'''
+
+
+GOOD = _task("        return torch.relu(self.linear(x))", "        self.linear = nn.Linear(dim, dim)",
+             sizes="batch_size = 256\ndim = 512", init_args=", dim", init_values="dim")
+PLANTED = {
+    "good": (GOOD, "", ""),
+    "duplicate": (GOOD.replace("self.linear", "self.fc").replace("batch_size = 256", "batch_size = 32"), "duplicate",
+                  "duplicate of candidate 0"),
+    "not_a_task": ("import torch\n\nclass Model:\n    pass\n", "load", "missing get_inputs"),
+    "stochastic_static": (_task("        return x + torch.rand_like(x)"), "stochastic", "rand_like"),
+    "stochastic_dynamic": (_task("        return x + self.noise.sample(x.shape)",
+                                 "        self.noise = torch.distributions.Laplace(0.0, 1.0)"),
+                           "stochastic", "two calls on the same inputs differ"),
+    "contaminated_ast": (KB_CONV.replace("self.conv", "self.convolution").replace('"""Conv2d, ReLU, bias add '
+                                                                                  '(KernelBench level-2 style)."""',
+                                                                                  '"""Mine."""'),
+                         "contaminated", "AST similarity"),
+    "contaminated_signature": (_task("        y = self.conv(x)\n        return torch.relu(y) + 1.5",
+                                     "        self.conv = nn.Conv2d(4, 8, 3, padding=1)",
+                                     "torch.randn(batch_size, 4, 16, 16)", "batch_size = 8"),
+                               "contaminated", "operator signature (conv2d, relu, add)"),
+    "eager_error": (_task("        return x @ torch.ones(3, 3)"), "eager", "RuntimeError"),
+    "nonfinite": (_task("        return torch.log(x)"), "finite", "NaN or Inf"),
+    "constant": (_task("        return torch.softmax(x.sum(dim=1, keepdim=True), dim=1)"), "constant",
+                 "a constant would pass"),
+    "too_fast": (_task("        return torch.tanh(x)", sizes="batch_size = 2\ndim = 4"), "runtime", "too fast"),
+    "too_slow": (_task("        return x @ x.t() @ x", sizes="batch_size = 1536\ndim = 1536"), "runtime", "too slow"),
+}
+
+
+def _filter_config(cache_dir: Path, tmp_path: Path, **filters):
+    cfg = tmp_path / "synth.yaml"
+    cfg.write_text(json.dumps({
+        "filters": {"runtime_ms_cpu": [0.3, 40.0], **filters},
+        "eval": {"cache_dir": str(cache_dir), "timing": {"warmup": 2, "iterations": 10}},
+    }))
+    return load_synthesis_config(cfg, count=len(PLANTED))
+
+
+def test_planted_bad_tasks_are_rejected_by_the_right_filter_and_a_good_one_passes(tmp_path, cache_dir):
+    bench = tmp_path / "KernelBench" / "level2"
+    bench.mkdir(parents=True)
+    (bench / "1_Conv2D_ReLU_BiasAdd.py").write_text(KB_CONV)
+    shutil.copy(TESTS / "fixtures" / "kernelbench" / "19_ReLU.py", bench.parent / "19_ReLU.py")
+    cfg = _filter_config(cache_dir, tmp_path)
+    chain = FilterChain(cfg, BenchmarkIndex(bench.parent))
+    results = {name: chain.check(index, code, name) for index, (name, (code, _, _)) in enumerate(PLANTED.items())}
+    for name, (_, expected_filter, words) in PLANTED.items():
+        v = results[name]
+        assert (v.filter, v.accepted) == (expected_filter, expected_filter == ""), (name, v)
+        assert words in v.reason, (name, v.reason)
+        assert v.ran[0] == "load" and (expected_filter or "compile") in v.ran, (name, v.ran)
+    good = results["good"]
+    assert good.ran == ["load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime",
+                        "compile"]
+    assert 0.3 <= good.eager_ms <= 40.0 and good.signature == ["linear", "relu"]
+    assert results["too_fast"].eager_ms < 0.3 < 40.0 < results["too_slow"].eager_ms
+
+
+def test_a_filter_can_be_skipped(tmp_path, cache_dir):
+    cfg = _filter_config(cache_dir, tmp_path, skip=["runtime", "compile", "constant"])
+    v = FilterChain(cfg).check(0, PLANTED["constant"][0], "constant")
+    assert v.accepted and "constant" not in v.ran and "runtime" not in v.ran, v
+
+
+# ---- runs: shards, resume, merge, manifest, determinism ----
+
+def _static_only(seed: int, count: int, cache_dir: Path):
+    cfg = load_synthesis_config(None, seed=seed, count=count)
+    cfg.filters.skip = list(RUN_FILTERS)
+    cfg.compose.max_ops = 2
+    cfg.eval.cache_dir = str(cache_dir)
+    return cfg
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Task files and manifest.jsonl (stats.json and manifest.h5 also hold timings and the shard count)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.suffix in (".py", ".jsonl")}
+
+
+def test_the_same_seed_gives_the_same_dataset_whatever_the_sharding(tmp_path, cache_dir):
+    one = tmp_path / "one"
+    stats = run_local(_static_only(5, 60, cache_dir), one)
+    three = tmp_path / "three"
+    for shard in (2, 0, 1):
+        run_shard(_static_only(5, 60, cache_dir), shard, 3, three)
+    merge(three, _static_only(5, 60, cache_dir))
+    assert _tree(one / "dataset") == _tree(three / "dataset")
+    assert stats["candidates"] == 60 and 0 < stats["accepted"] <= 60
+    rejected = {f["name"]: f["rejected"] for f in stats["filters"]}
+    assert 0 < rejected["duplicate"] == 60 - stats["accepted"], stats   # 1-2 op chains repeat: deduplicated
+    other = tmp_path / "other"
+    run_local(_static_only(6, 60, cache_dir), other)
+    assert _tree(other / "dataset") != _tree(one / "dataset")
+
+
+def test_a_shard_resumes_after_a_torn_write_and_checks_only_what_is_missing(tmp_path, cache_dir):
+    cfg = _static_only(2, 8, cache_dir)
+    run_shard(cfg, 0, 2, tmp_path)
+    path = shard_path(tmp_path, 0)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-2]) + lines[-2][:40])     # the last record lost, the one before torn
+    summary = run_shard(cfg, 0, 2, tmp_path)
+    assert (summary["checked"], summary["skipped"]) == (2, 2)
+    _, records, _ = read_shard(path)
+    assert sorted(r["index"] for r in records) == [0, 2, 4, 6]
+    with pytest.raises(UserError, match=r"shard\(s\) 1 of 2 have no file yet"):
+        merge(tmp_path, cfg)
+    with pytest.raises(UserError, match="written by a different run"):
+        run_shard(_static_only(3, 8, cache_dir), 0, 2, tmp_path)
+    run_shard(cfg, 1, 2, tmp_path)
+    stats = merge(tmp_path, cfg)
+    assert stats["candidates"] == 8
+
+
+def test_the_manifest_records_every_candidate_and_the_ops6k_fields(tmp_path, cache_dir):
+    stats = run_local(_static_only(9, 20, cache_dir), tmp_path)
+    dataset = tmp_path / "dataset"
+    lines = [json.loads(line) for line in (dataset / "manifest.jsonl").read_text().splitlines()]
+    assert len(lines) == stats["accepted"] == len(list(dataset.rglob("*.py")))
+    for line in lines:
+        assert isinstance(line["code"], str) and isinstance(line["ops"], list)
+        assert line["data_source"] == "hpc-synthesis"
+        assert (dataset / line["path"]).read_text() == line["code"]
+        assert load_task(dataset / line["path"]).task_id == line["task_id"]
+    records, filters, attrs = read_manifest(dataset / "manifest.h5")
+    assert [r["index"] for r in records] == list(range(20))
+    assert attrs["seed"] == 9 and attrs["count"] == 20 and attrs["format"] == "hpc-synthesis-manifest"
+    assert [f.name for f in filters] == list(FILTERS)
+    assert sum(f.rejected for f in filters) == 20 - stats["accepted"]
+    assert json.loads((dataset / "stats.json").read_text())["accepted"] == stats["accepted"]
+
+
+# ---- command line, config, Ops-6K import ----
+
+def hpc(*args, cache=None):
+    env = {**os.environ, "HPC_CACHE_DIR": str(cache)} if cache else None
+    return subprocess.run([sys.executable, "-m", "hpc.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=900, cwd=ROOT, env=env)
+
+
+def test_an_ops6k_file_imports_into_the_task_format(tmp_path):
+    rows = [{"code": KB_CONV, "ops": "['nn.Conv2d', 'torch.relu', 'torch.add']", "data_source": "ops6k-test"},
+            {"code": (TESTS / "fixtures" / "kernelbench" / "19_ReLU.py").read_text()}]   # named by its signature
+    src = tmp_path / "ops.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    proc = hpc("synthesize", "--from", src, "--import-only", "--out", tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    dataset = tmp_path / "run" / "dataset"
+    assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*.py")) == [
+        "level1/000001_relu.py", "level2/000000_Conv2d_relu_add.py"]
+    lines = [json.loads(line) for line in (dataset / "manifest.jsonl").read_text().splitlines()]
+    assert [(x["ops"], x["data_source"]) for x in lines] == [(["nn.Conv2d", "torch.relu", "torch.add"], "ops6k-test"),
+                                                             ([], "")]
+    assert lines[0]["code"] == KB_CONV
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"code": "x"}\n{"code": \n', "line 2: not valid JSON"),
+    ('{"ops": ["relu"]}\n', "line 1: expected an object with a non-empty string 'code'"),
+    ('{"code": "x", "ops": 3}\n', "line 1: 'ops' must be a list of strings"),
+])
+def test_a_malformed_ops6k_file_is_a_one_line_error(tmp_path, content, message):
+    src = tmp_path / "bad.jsonl"
+    src.write_text(content)
+    proc = hpc("synthesize", "--from", src, "--out", tmp_path / "run")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: ops6k {src} {message}"), proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_parquet_without_pyarrow_is_a_one_line_error(tmp_path):
+    if importlib.util.find_spec("pyarrow") is not None:
+        pytest.skip("pyarrow is installed")
+    src = tmp_path / "ops.parquet"
+    src.write_bytes(b"PAR1")
+    proc = hpc("synthesize", "--from", src, "--out", tmp_path / "run")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: ops6k {src}: reading parquet needs pyarrow (pip install pyarrow), or convert the file to JSONL"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("filters:\n  runtime_ms_cpus: [0, 1]\n", "config filters.runtime_ms_cpus: unknown key"),
+    ("filters:\n  runtime_ms_cpu: [5, 1]\n", "config filters.runtime_ms_cpu: expected [low, high]"),
+    ("compose:\n  max_ops: 0\n", "config compose.min_ops/max_ops"),
+    ("compose:\n  families: [matrix, graphs]\n", "config compose.families[]: expected one of"),
+    ("eval:\n  timing:\n    iterations: 0\n", "config eval.timing.iterations: must be > 0"),
+    ("filters:\n  skip: [load]\n", "config filters.skip[]: expected one of"),
+    ("workers: two\n", "config workers: expected int"),
+])
+def test_a_bad_config_is_a_one_line_error_naming_the_key(tmp_path, text, message):
+    config = tmp_path / "synth.yaml"
+    config.write_text(text)
+    proc = hpc("synthesize", "--config", config, "--count", "2", "--out", tmp_path / "run")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), proc.stderr
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    for args, message in ((["--out", tmp_path], "error: config count: the composer needs"),
+                          (["--out", tmp_path, "--count", "x"], "error: hpc synthesize: argument --count"),
+                          (["--out", tmp_path, "--count", "2", "--import-only"], "error: --import-only: needs --from"),
+                          (["--out", tmp_path, "--count", "2", "--benchmark", tmp_path / "none"],
+                           "error: config benchmark")):
+        proc = hpc("synthesize", *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), (args, proc.stderr)
+
+
+# ---- every emitted task loads and evaluates ----
+
+def _aten_ops(path: Path) -> list[str]:
+    """The aten ops a task's forward dispatches at the cpu scale (test code runs the task here)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hpc.task import load_task_module
+
+    seen: set[str] = set()
+
+    class Collect(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    module = load_task_module(path, "cpu", f"task_{path.stem}")
+    torch.manual_seed(0)
+    model = module.Model(*module.get_init_inputs()).eval()
+    with torch.no_grad(), Collect():
+        model(*module.get_inputs())
+    return sorted(seen)
+
+
+@pytest.mark.slow
+def test_a_seeded_run_emits_tasks_that_load_and_evaluate(tmp_path, cache_dir):
+    """The whole pipeline on a few composed candidates (all filters, the compile included); every
+    emitted task then evaluated by the evaluator with its own Model as the candidate."""
+    from hpc.candidate import load_candidate
+    from hpc.pipeline import evaluate
+    from tests.conftest import make_fast_config
+
+    config = tmp_path / "synth.yaml"
+    config.write_text(json.dumps({"compose": {"families": ["matrix", "sequence"], "max_ops": 2},
+                                  "filters": {"runtime_ms_cpu": [0.001, 1000.0]},
+                                  "eval": {"timing": {"warmup": 1, "iterations": 5}}}))
+    proc = hpc("synthesize", "--out", tmp_path / "run", "--count", "2", "--seed", "4", "--config", config,
+               cache=cache_dir)
+    assert proc.returncode == 0, proc.stderr
+    dataset = tmp_path / "run" / "dataset"
+    records, _, _ = read_manifest(dataset / "manifest.h5")
+    assert len(records) == 2 and all(set(r["ran"]) == set(FILTERS) - {"contaminated"} or not r["accepted"]
+                                     for r in records)
+    emitted = sorted(dataset.rglob("*.py"))
+    assert emitted and len(emitted) == sum(r["accepted"] for r in records), proc.stderr
+    for path in emitted:
+        task = load_task(path)
+        assert task.declared_scales == ("cpu",)
+        candidate = tmp_path / "candidates" / path.name
+        candidate.parent.mkdir(exist_ok=True)
+        candidate.write_text(path.read_text().replace("class Model(nn.Module)", "class ModelNew(nn.Module)"))
+        cfg = make_fast_config(cache_dir)
+        cfg.policy.require_custom_kernel = False
+        cfg.policy.allowed_torch_ops = _aten_ops(path)
+        cfg.correctness.trials, cfg.timing.iterations, cfg.timing.host_check_calls = 2, 5, 3
+        cfg.timing.host_check_ratio = 0.0    # other tests may share the 2 cores
+        rec = evaluate(task, load_candidate(candidate), cfg)
+        assert rec.status == "ok" and rec.correct and not rec.failed_stage, (path.name, rec.reason)
+        assert rec.eager_ms > 0 and rec.compile_ms > 0

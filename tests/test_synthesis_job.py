@@ -1,0 +1,136 @@
+"""jobs/synthesize.py and slurm_templates/synthesize.sbatch: a submitit array on a real local Slurm
+with one array task requeued mid-run, the template's array and merge steps, resumption, and
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from hpc.synthesis.shards import read_shard
+from tests.conftest import ROOT
+from tests.test_slurm_templates import TEMPLATES, sbatch, wait_for_job
+
+STATIC_ONLY = {"filters": {"skip": ["eager", "finite", "constant", "runtime", "compile"]},
+               "compose": {"max_ops": 2}}
+# The reference worker runs (eager, finite, constant, stochastic: seconds per candidate), timing
+# and compile do not: long enough to requeue a shard in the middle, short enough for a test.
+REFERENCE_ONLY = {"filters": {"skip": ["runtime", "compile"]}, "compose": {"families": ["matrix"], "max_ops": 2}}
+
+
+def _config(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "synth.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _synthesize(*args: str, cache_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "synthesize.py"), *map(str, args),
+                             "--backend", "cpu", "--progress-every", "5"],
+                            env={**os.environ, "HPC_CACHE_DIR": str(cache_dir)}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _dataset(run: Path) -> dict[str, str]:
+    dataset = run / "dataset"
+    return {str(p.relative_to(dataset)): p.read_text() for p in sorted(dataset.rglob("*"))
+            if p.suffix in (".py", ".jsonl")}
+
+
+def test_array_task_requeued_mid_run_records_every_candidate_once(slurm, tmp_path, cache_dir):
+    run = tmp_path / "run"
+    proc = _synthesize("--out", run, "--count", 6, "--seed", 1, "--shards", 2, "--executor", "slurm",
+                       "--config", _config(tmp_path, REFERENCE_ONLY), cache_dir=cache_dir)
+    shard0 = run / "shard-0000.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (shard0.exists() and read_shard(shard0)[1]):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.5)
+    array = next(p.name.split("_")[0] for p in (run / "submitit").glob("*_0_log.out"))
+    subprocess.run(["scontrol", "requeue", f"{array}_0"], check=True, capture_output=True, timeout=30)
+    log, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, log
+
+    states = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", f"{array}_0", "-o", "State"],
+                            capture_output=True, text=True, timeout=30).stdout.split()
+    assert "REQUEUED" in states, states
+    for shard in run.glob("shard-*.jsonl"):
+        counts = Counter(r["index"] for r in read_shard(shard)[1])
+        assert max(counts.values()) == 1, counts          # the requeued task did not redo finished work
+    stats = json.loads((run / "dataset" / "stats.json").read_text())
+    assert stats["candidates"] == 6 and stats["shards"] == 2, log
+    assert {f["name"]: f["entered"] for f in stats["filters"]}["eager"] > 0
+
+
+def test_template_array_then_merge_gives_the_dataset_of_a_local_run(slurm, tmp_path, cache_dir):
+    config = _config(tmp_path, STATIC_ONLY)
+    run = tmp_path / "run"
+    env = {"HPC_OUT": str(run), "HPC_COUNT": "24", "HPC_SEED": "3", "HPC_BACKEND": "cpu",
+           "HPC_SYNTH_ARGS": f"--config {config}", "HPC_PYTHON": sys.executable, "HPC_CACHE_DIR": str(cache_dir)}
+    array = sbatch(TEMPLATES / "synthesize.sbatch", tmp_path, env, "--array=0-2", "--export=ALL")
+    merge = sbatch(TEMPLATES / "synthesize.sbatch", tmp_path, env, f"--dependency=afterok:{array}", "--export=ALL")
+    state = wait_for_job(merge)
+    logs = "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.out")))
+    assert state == "COMPLETED", logs
+    assert sorted(p.name for p in run.glob("shard-*.jsonl")) == ["shard-0000.jsonl", "shard-0001.jsonl",
+                                                                  "shard-0002.jsonl"]
+    local = tmp_path / "local"
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "synthesize", "--out", str(local), "--count", "24",
+                           "--seed", "3", "--config", str(config)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert _dataset(run) == _dataset(local) and _dataset(run)
+
+
+def test_template_names_a_missing_parameter(slurm, tmp_path):
+    job = sbatch(TEMPLATES / "synthesize.sbatch", tmp_path, {}, "--export=NONE,PATH=/usr/bin:/bin")
+    assert wait_for_job(job, 120) == "FAILED"
+    lines = (tmp_path / f"{job}.out").read_text().strip().splitlines()
+    assert lines == ["error: HPC_OUT is not set (sbatch --export=ALL,HPC_OUT=...)"]
+
+
+def test_a_second_submission_checks_only_what_is_missing(tmp_path, cache_dir):
+    config = _config(tmp_path, STATIC_ONLY)
+    run = tmp_path / "run"
+    first = _synthesize("--out", run, "--count", 8, "--shards", 2, "--executor", "local", "--config", config,
+                        cache_dir=cache_dir)
+    log, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, log
+    again = _synthesize("--out", run, "--count", 8, "--shards", 2, "--executor", "local", "--config", config,
+                        cache_dir=cache_dir)
+    log, _ = again.communicate(timeout=600)
+    assert again.returncode == 0 and log.count("(0 checked, 4 already recorded") == 2, log
+    assert json.loads((run / "dataset" / "stats.json").read_text())["candidates"] == 8
+
+
+def test_one_shard_then_merge_in_this_process(tmp_path, cache_dir):
+    config = _config(tmp_path, STATIC_ONLY)
+    run = tmp_path / "run"
+    base = [sys.executable, str(ROOT / "jobs" / "synthesize.py"), "--out", str(run), "--count", "5", "--config",
+            str(config), "--shards", "2"]
+    early = subprocess.run([*base, "--merge"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert early.returncode == 2 and early.stderr.strip().splitlines() == [
+        f"error: run {run}: no shard files (shard-*.jsonl) to merge"]
+    for shard in ("0", "1"):
+        proc = subprocess.run([*base, "--shard", shard], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([*base, "--merge"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "| **accepted** | 5 |" in proc.stdout
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    script = str(ROOT / "jobs" / "synthesize.py")
+    for args, line in ((["--out", str(tmp_path), "--count", "4", "--shards", "0"],
+                        "error: --shards: expected an integer >= 1, got 0"),
+                       (["--out", str(tmp_path), "--count", "4", "--shards", "2", "--shard", "2"],
+                        "error: --shard: expected 0..1, got 2"),
+                       (["--out", str(tmp_path), "--bogus"],
+                        "error: jobs/synthesize.py: unrecognized arguments: --bogus")):
+        proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr
