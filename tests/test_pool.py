@@ -83,18 +83,19 @@ def test_one_worker_rank_runs_evaluations_concurrently(tmp_path, cache_dir):
         (r.timestamp, r.wall_seconds) for r in records]
 
 
-def _rank_pid(rank: int, root: Path) -> int | None:
-    """The pid of MPI rank `rank` of the pool run whose TMPDIR is `root`."""
+def process_with(command_part: bytes, *env: str) -> int | None:
+    """The pid of a process whose command line holds `command_part` and whose environment holds
+    every `NAME=value` of `env` (how a test finds one MPI rank among its siblings)."""
+    wanted = [e.encode() for e in env]
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            env = (entry / "environ").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if (b"hpc.pool" in cmd and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env
-                and f"TMPDIR={root}".encode() in env):
+        if command_part in cmd and all(w in environ for w in wanted):
             return int(entry.name)
     return None
 
@@ -109,7 +110,7 @@ def test_a_worker_rank_killed_mid_batch_loses_no_result(tmp_path, cache_dir):
         if out.exists() and read_records(out):
             break
         time.sleep(0.5)
-    victim = _rank_pid(2, tmp_path)
+    victim = process_with(b"hpc.pool", "OMPI_COMM_WORLD_RANK=2", f"TMPDIR={tmp_path}")
     assert victim is not None and proc.poll() is None, "pool finished before a rank could be killed"
     os.kill(victim, signal.SIGKILL)
     log = _finish(proc)

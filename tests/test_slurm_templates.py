@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hpc.results.hdf5 import read_records
 from tests.conftest import ROOT
-from tests.test_pool import _suite
+from tests.test_pool import _suite, process_with
 
 TEMPLATES = ROOT / "slurm_templates"
 
@@ -54,21 +54,6 @@ def test_reward_pool_template_evaluates_a_suite(slurm, tmp_path, cache_dir):
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
 
 
-def _slurm_rank_pid(job: str, rank: int) -> int | None:
-    """The pid of task `rank` of job `job`'s pool step (srun --mpi=pmix sets SLURM_PROCID)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"hpc.pool" in cmd and f"SLURM_JOB_ID={job}".encode() in env and f"SLURM_PROCID={rank}".encode() in env:
-            return int(entry.name)
-    return None
-
-
 def test_reward_pool_under_srun_pmix_survives_a_killed_worker_rank(slurm, tmp_path, cache_dir):
     """1 coordinator + 3 workers through srun --mpi=pmix; rank 2 is SIGKILLed once results stream.
 
@@ -85,7 +70,7 @@ def test_reward_pool_under_srun_pmix_survives_a_killed_worker_rank(slurm, tmp_pa
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not (out.exists() and read_records(out)):
         time.sleep(0.5)
-    victim = _slurm_rank_pid(job, 2)
+    victim = process_with(b"hpc.pool", f"SLURM_JOB_ID={job}", "SLURM_PROCID=2")
     assert victim is not None, "pool finished (or never started) before a rank could be killed"
     os.kill(victim, signal.SIGKILL)
     state = wait_for_job(job)
