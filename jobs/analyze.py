@@ -1,16 +1,18 @@
-"""Analyze evaluation runs: merge shards, write a Markdown/HTML report with PNG plots and summary.json.
+"""Analyze evaluation and training runs: merge shards, write a Markdown/HTML report with PNG plots and summary.json.
 
     python jobs/analyze.py RUN [RUN ...] --out REPORT_DIR [--tasks SUITE_DIR] [--name LABEL ...]
         [--executor none|auto|slurm|local] [--partition P --account A --time MINUTES]
 
-RUN is a results .h5 file or a run folder of jobs/evaluate.py; a folder's shard-*.h5 files are
-merged into RUN/results.h5 first, unless that file is newer than every shard. Each run is
-labelled by --name (one per RUN, in order), else by its file's `model` attribute, else by its
-folder's name. With --tasks the rates are over that suite's tasks (a task without a record counts
-as incorrect); without, over the tasks the run recorded. "Faster" uses the reward margin of the
-run's own config. REPORT_DIR gets report.md, report.html, fast_p.png, speedup_by_level.png,
-failures.png and summary.json. The report is made in this process unless --executor submits it
-as one submitit job (Slurm where `srun` exists with `auto`). Definitions: docs/analysis.md.
+RUN is a results .h5 file or a run folder: of jobs/evaluate.py, whose shard-*.h5 files are merged
+into RUN/results.h5 first unless that file is newer than every shard, or of a training run, whose
+train.h5 (or results.h5) holds its training metrics. Each run is labelled by --name (one per RUN, in
+order), else by its file's `model` attribute, else by its folder's name. With --tasks the rates are
+over that suite's tasks (a task without a record counts as incorrect); without, over the tasks the
+run recorded. "Faster" uses the reward margin of the run's own config. REPORT_DIR gets report.md,
+report.html, summary.json, and for runs with evaluation records fast_p.png, speedup_by_level.png and
+failures.png, for runs with training metrics training.png. The report is made in this process
+unless --executor submits it as one submitit job (Slurm where `srun` exists with `auto`).
+Definitions: docs/analysis.md.
 """
 
 from __future__ import annotations
@@ -18,53 +20,84 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run  # noqa: E402
-from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups  # noqa: E402
+from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run, summarize_training  # noqa: E402
+from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups, plot_training  # noqa: E402
 from hpc.analysis.report import write_report  # noqa: E402
 from hpc.errors import UserError  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
-from hpc.results.hdf5 import file_attrs, read_records  # noqa: E402
+from hpc.results.hdf5 import GROUP, file_attrs, file_groups, read_records  # noqa: E402
 from hpc.results.merge import merge_files  # noqa: E402
+from hpc.results.record import EvalRecord  # noqa: E402
+from hpc.results.training import TRAIN_GROUP, read_steps  # noqa: E402
 from hpc.task import discover_tasks  # noqa: E402
 
 
-def results_file(run: Path) -> Path:
-    """The run's one results file: the file itself, or a folder's shards merged when stale."""
+TRAIN_FILE = "train.h5"     # a training run folder's metrics (jobs/train.py)
+
+
+def results_files(run: Path) -> list[Path]:
+    """The run's results files: the file itself; or a folder's results.h5 (its shards merged first
+    when stale) and its training metrics, train.h5: either or both."""
     if run.is_file():
-        return run
+        return [run]
     if not run.is_dir():
         raise UserError(f"run {run}: no such file or folder")
     merged = run / "results.h5"
     shards = sorted(run.glob("shard-*.h5"))
+    trained = [run / TRAIN_FILE] if (run / TRAIN_FILE).is_file() else []
     if not shards and not merged.is_file():
-        raise UserError(f"run {run}: empty (no results.h5 and no shard-*.h5)")
+        if trained:
+            return trained
+        raise UserError(f"run {run}: empty (no results.h5, shard-*.h5 or {TRAIN_FILE})")
     if shards and (not merged.is_file() or merged.stat().st_mtime <= max(s.stat().st_mtime for s in shards)):
         records = merge_files(shards, merged)
         print(f"analyze: merged {len(shards)} shards of {run} into {merged} ({len(records)} records)",
               file=sys.stderr, flush=True)
-    return merged
+    return [merged, *trained]
 
 
-def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Run:
-    """One run, read, labelled and set against the suite (or its own tasks)."""
-    path = results_file(run)
-    records = read_records(path)   # checks the file is a results file first
-    if not records:
+@dataclass
+class Loaded:
+    """One RUN as read: evaluation records, training metrics, or both."""
+    label: str
+    run: Run | None           # the evaluation records set against the suite; None for training metrics only
+    steps: list[dict]         # the training steps (hpc.results.training.read_steps); empty without
+    steps_source: str         # the file they came from
+
+
+def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Loaded:
+    """One run, read and labelled, its records set against the suite (or its own tasks)."""
+    records: list[EvalRecord] = []
+    steps: list[dict] = []
+    records_path = train_path = None
+    for path in results_files(run):
+        groups = file_groups(path)    # checks the file is HDF5 first
+        if TRAIN_GROUP in groups:
+            steps, train_path = read_steps(path), path
+        if GROUP in groups or TRAIN_GROUP not in groups:
+            records, records_path = read_records(path), path    # checks the schema
+    if not records and not steps:
         raise UserError(f"results {path}: no records (an empty run)")
-    attrs = file_attrs(path)
+    main = records_path if records else train_path
+    attrs = file_attrs(main)
+    if not label:
+        label = attrs.get("model") or (main.parent.name if run.is_dir() or main.name in ("results.h5", TRAIN_FILE)
+                                       else main.stem)
+    if not records:
+        return Loaded(label, None, steps, str(train_path))
     try:
         margin = float(json.loads(attrs.get("config") or "{}").get("reward", {}).get("margin", DEFAULT_MARGIN))
     except (ValueError, TypeError, AttributeError):   # JSONDecodeError is a ValueError
-        raise UserError(f"results {path}: no readable reward margin in its config attribute") from None
-    if not label:
-        label = attrs.get("model") or (path.parent.name if run.is_dir() or path.name == "results.h5" else path.stem)
-    return make_run(records, suite, label, margin, str(path), str(attrs.get("git_commit", "")))
+        raise UserError(f"results {main}: no readable reward margin in its config attribute") from None
+    return Loaded(label, make_run(records, suite, label, margin, str(main), str(attrs.get("git_commit", ""))),
+                  steps, str(train_path) if steps else "")
 
 
 def analyze(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path:
@@ -82,10 +115,18 @@ def analyze(runs: list[str], out: str, tasks: str | None, names: list[str] | Non
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out {out_dir}: cannot create ({e.strerror})") from None
-    summaries = [summarize_run(r) for r in loaded]
-    images = [plot_fast_p(loaded, out_dir / "fast_p.png"), plot_speedups(loaded, out_dir / "speedup_by_level.png"),
-              plot_failures(summaries, out_dir / "failures.png")]
-    return write_report(out_dir, summaries, images)
+    evaluated = [r.run for r in loaded if r.run]
+    summaries = [summarize_run(r) for r in evaluated]
+    trained = [r for r in loaded if r.steps]
+    images = []
+    if evaluated:
+        images += [plot_fast_p(evaluated, out_dir / "fast_p.png"),
+                   plot_speedups(evaluated, out_dir / "speedup_by_level.png"),
+                   plot_failures(summaries, out_dir / "failures.png")]
+    if trained:
+        images.append(plot_training([(r.label, r.steps) for r in trained], out_dir / "training.png"))
+    training = [summarize_training(r.steps, r.label, r.steps_source) for r in trained]
+    return write_report(out_dir, summaries, images, training)
 
 
 def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path | UserError:

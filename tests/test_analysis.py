@@ -239,7 +239,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
             "not HDF5": (tmp_path / "notes.h5", "cannot read as HDF5"),
             "truncated": (tmp_path / "truncated.h5", "cannot read as HDF5"),
             "truncated shard": (tmp_path / "run", "shard-0000.h5: cannot read as HDF5"),
-            "empty folder": (tmp_path / "empty_run", "empty (no results.h5 and no shard-*.h5)"),
+            "empty folder": (tmp_path / "empty_run", "empty (no results.h5, shard-*.h5 or train.h5)"),
             "no records": (tmp_path / "no_records.h5", "no records")}
 
 

@@ -181,3 +181,53 @@ def stage_seconds(records: list[EvalRecord]) -> dict[str, float]:
         for stage, seconds in json.loads(r.stage_seconds or "{}").items():
             totals[stage] = round(totals.get(stage, 0.0) + seconds, 1)
     return totals
+
+
+# --- training curves (rows of hpc.results.training.read_steps) ----------------------------------------
+
+FINAL_STEPS = 5     # a stage's final metrics average its last steps: one step's batch is noisy
+FINAL_METRICS = ("reward_mean", "pass_rate", "faster_than_compile_rate", "kl_to_reference", "entropy",
+                 "explained_variance", "sft_loss", "value_loss", "response_length_mean", "tokens_per_second")
+
+
+def stage_segments(steps: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The step rows split where the stage changes, in order (a stage the recipe returns to is a
+    new segment): the report's stages and the plot's boundaries."""
+    segments: list[tuple[str, list[dict]]] = []
+    for row in steps:
+        if not segments or segments[-1][0] != row["stage"]:
+            segments.append((row["stage"], []))
+        segments[-1][1].append(row)
+    return segments
+
+
+@dataclass
+class StageSummary:
+    stage: str
+    first_step: int
+    last_step: int
+    steps: int
+    hours: float                  # summed step_s; NaN when no step was timed
+    final: dict[str, float]       # FINAL_METRICS, each the mean over the last FINAL_STEPS steps that measured it
+
+
+@dataclass
+class TrainingSummary:
+    label: str
+    source: str
+    steps: int
+    stages: list[StageSummary]
+
+
+def summarize_training(steps: list[dict], label: str = "", source: str = "") -> TrainingSummary:
+    """Per stage segment its steps, hours and final metrics: where each stage of the recipe left the policy."""
+    stages = []
+    for stage, rows in stage_segments(steps):
+        timed = [r["step_s"] for r in rows if math.isfinite(r["step_s"])]
+        final = {}
+        for key in FINAL_METRICS:
+            last = [r[key] for r in rows if math.isfinite(r[key])][-FINAL_STEPS:]
+            final[key] = sum(last) / len(last) if last else math.nan
+        stages.append(StageSummary(stage=stage, first_step=rows[0]["step"], last_step=rows[-1]["step"],
+                                   steps=len(rows), hours=sum(timed) / 3600 if timed else math.nan, final=final))
+    return TrainingSummary(label=label, source=source, steps=len(steps), stages=stages)

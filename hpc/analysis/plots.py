@@ -3,14 +3,16 @@ and no pyplot state shared with whatever else runs in the process."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from hpc.analysis.metrics import (BASELINES, FAST_P, MISSING, PASSED, UNVERIFIED, Run, RunSummary, fast_p_curve,
-                                  passed, speedup)
+                                  passed, speedup, stage_segments)
 
 COLORS = {PASSED: "#2ca02c", "static": "#9467bd", "compile": "#d62728", "load": "#ff7f0e",
           "correctness": "#e377c2", "timing": "#8c564b", "baseline": "#bcbd22", "pool": "#17becf",
@@ -107,4 +109,80 @@ def plot_failures(summaries: list[RunSummary], path: Path) -> Path:
     ax.invert_yaxis()
     ax.set(xlim=(0, 1), xlabel="share of samples (records plus missing tasks)", title="outcome by stage")
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    return _save(fig, path)
+
+
+# (title, the panel's series: solid, dashed, dotted); the first panel adds pass_rate on a right axis
+TRAINING_PANELS = (
+    ("mean reward, pass rate", ("reward_mean",)),
+    ("faster than torch.compile / eager", ("faster_than_compile_rate", "faster_than_eager_rate")),
+    ("KL to reference", ("kl_to_reference",)),
+    ("entropy", ("entropy",)),
+    ("clip fraction", ("clip_fraction",)),
+    ("explained variance", ("explained_variance",)),
+    ("mean response length (tokens)", ("response_length_mean",)),
+    ("tokens per second", ("tokens_per_second",)),
+    ("seconds per step", ("generation_s", "reward_s", "update_s")),
+)
+STYLES = ("-", "--", ":")
+
+
+def _curve(ax, segments: list[tuple[str, list[dict]]], key: str, color: str, style: str) -> bool:
+    """One run's series against the step, a line per stage (no line across a stage change); False
+    (nothing drawn) when the run never measured it. NaN gaps within a stage break the line too."""
+    drawn = False
+    for _, rows in segments:
+        ys = [r[key] for r in rows]
+        finite = sum(math.isfinite(y) for y in ys)
+        if finite:
+            ax.plot([r["step"] for r in rows], ys, style, color=color, lw=1.2, marker="." if finite <= 30 else None,
+                    ms=4)
+            drawn = True
+    return drawn
+
+
+def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
+    """Training curves against the global step, one colour per run, a small panel per metric; dotted
+    verticals mark where a stage begins (named along the top row); a metric never measured is not drawn."""
+    fig = Figure(figsize=(14, 10))
+    axes = fig.subplots(3, 3, sharex=True).flatten()
+    segments = [stage_segments(steps) for _, steps in runs]
+    starts: dict[float, list[str]] = {}      # where a stage begins -> the stages beginning there (of any run)
+    for run in segments:
+        for stage, rows in run:
+            names = starts.setdefault(rows[0]["step"] - 0.5, [])
+            if stage not in names:
+                names.append(stage)
+    for i, (ax, (title, keys)) in enumerate(zip(axes, TRAINING_PANELS)):
+        drawn: dict[str, str] = {}      # series some run measured -> its line style
+        for k, run in enumerate(segments):
+            for key, style in zip(keys, STYLES):
+                if _curve(ax, run, key, f"C{k % 10}", style):
+                    drawn[key] = style
+        if i == 0:   # the pass rate beside the reward, on its own 0..1 axis
+            twin = ax.twinx()
+            for k, run in enumerate(segments):
+                if _curve(twin, run, "pass_rate", f"C{k % 10}", "--"):
+                    drawn["pass_rate"] = "--"
+            if "pass_rate" in drawn:
+                twin.set_ylim(0, 1.02)
+            else:
+                twin.set_axis_off()
+        for x, names in starts.items():
+            ax.axvline(x, color="black", lw=0.6, ls=":")
+            if i < 3:
+                ax.text(x, 0.98, " / ".join(names), transform=ax.get_xaxis_transform(), rotation=90, va="top",
+                        ha="right", fontsize="x-small", bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 1})
+        ax.set_title(title, fontsize="medium")
+        ax.grid(alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="gray")
+        elif i == 0 or len(keys) > 1:
+            ax.legend([Line2D([], [], color="gray", ls=style) for style in drawn.values()], list(drawn),
+                      fontsize="x-small")
+        if i >= 6:
+            ax.set_xlabel("step")
+    fig.legend([Line2D([], [], color=f"C{k % 10}") for k in range(len(runs))], [label for label, _ in runs],
+               loc="upper center", ncol=min(len(runs), 6), fontsize="small")
+    fig.subplots_adjust(top=0.93, hspace=0.3)
     return _save(fig, path)

@@ -1,6 +1,7 @@
 """The analysis report: one document built once and rendered twice, as Markdown and as
 self-contained HTML (inline style; the figures are PNG files beside it, referenced by relative
-path), plus summary.json with the same numbers for machines."""
+path), plus summary.json with the same numbers for machines. Evaluation runs and training runs
+each get their sections when there are any."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.analysis.metrics import BASELINES, FAST_P, RunSummary, Summary
+from hpc.analysis.metrics import BASELINES, FAST_P, FINAL_STEPS, RunSummary, StageSummary, Summary, TrainingSummary
 
 DOC = "docs/analysis.md"
 
@@ -52,33 +53,62 @@ def num(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.3f}"
 
 
+def whole(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.0f}"
+
+
 def _group_row(s: Summary) -> list[str]:
     return [s.name, str(s.tasks), str(s.samples), str(s.missing), pct(s.pass_rate), pct(s.faster_eager),
             pct(s.faster_compile), num(s.geomean_eager), num(s.geomean_compile), num(s.mean_reward)]
 
 
-def document(summaries: list[RunSummary], images: list[Path], generated: str) -> list[Block]:
-    """The report's content, top to bottom: runs, comparison, figures, then each run in detail."""
-    blocks: list[Block] = [
-        Heading("Evaluation report", 1),
-        Para(f"Generated {generated} by jobs/analyze.py. Every rate is over all tasks: a task of the suite "
-             "without a record counts as a failing sample. A sample passes when it is correct and failed no "
-             "stage; >eager and >compile count passing samples faster than that baseline by more than the "
-             "reward margin; geometric-mean speedups are over passing samples only; fast_p is the fraction of "
-             f"all samples that pass with a speedup above p. Definitions: {DOC}."),
-        Heading("Runs"),
-        Table(["run", "source", "git commit", "tasks", "samples", "faster means", "outside suite"],
-              [[s.label, s.source, s.git_commit[:12] or "-", str(s.overall.tasks), str(s.overall.samples),
-                f"speedup > {1 + s.margin:g}", str(s.outside_suite)] for s in summaries]),
-        Heading("Comparison"),
-        Table(["run", "pass", ">eager", ">compile", "geomean vs eager", "geomean vs compile", "fast_1 eager",
-               "fast_1 compile", "mean reward"],
-              [[s.label, pct(s.overall.pass_rate), pct(s.overall.faster_eager), pct(s.overall.faster_compile),
-                num(s.overall.geomean_eager), num(s.overall.geomean_compile), pct(s.overall.fast_p_eager[1.0]),
-                pct(s.overall.fast_p_compile[1.0]), num(s.overall.mean_reward)] for s in summaries]),
-        Heading("Figures"),
-        *[Image(p.name, p.stem.replace("_", " ")) for p in images],
-    ]
+def _stage_row(s: StageSummary) -> list[str]:
+    f = s.final
+    return [s.stage, str(s.steps), f"{s.first_step}-{s.last_step}", "-" if math.isnan(s.hours) else f"{s.hours:.2f}",
+            num(f["reward_mean"]), pct(f["pass_rate"]), pct(f["faster_than_compile_rate"]), num(f["kl_to_reference"]),
+            num(f["entropy"]), num(f["explained_variance"]), num(f["sft_loss"]), num(f["value_loss"]),
+            whole(f["response_length_mean"]), whole(f["tokens_per_second"])]
+
+
+def title(summaries: list[RunSummary], training: list[TrainingSummary]) -> str:
+    return "Training report" if not summaries else "Training and evaluation report" if training else "Evaluation report"
+
+
+def document(summaries: list[RunSummary], images: list[Path], generated: str,
+             training: list[TrainingSummary]) -> list[Block]:
+    """The report's content, top to bottom: runs, comparison, figures, training stages, then each
+    evaluation run in detail (the evaluation parts only with evaluation runs)."""
+    blocks: list[Block] = [Heading(title(summaries, training), 1), Para(f"Generated {generated} by jobs/analyze.py.")]
+    if summaries:
+        blocks += [
+            Para("Every rate is over all tasks: a task of the suite without a record counts as a failing sample. "
+                 "A sample passes when it is correct and failed no stage; >eager and >compile count passing "
+                 "samples faster than that baseline by more than the reward margin; geometric-mean speedups are "
+                 "over passing samples only; fast_p is the fraction of all samples that pass with a speedup "
+                 f"above p. Definitions: {DOC}."),
+            Heading("Runs"),
+            Table(["run", "source", "git commit", "tasks", "samples", "faster means", "outside suite"],
+                  [[s.label, s.source, s.git_commit[:12] or "-", str(s.overall.tasks), str(s.overall.samples),
+                    f"speedup > {1 + s.margin:g}", str(s.outside_suite)] for s in summaries]),
+            Heading("Comparison"),
+            Table(["run", "pass", ">eager", ">compile", "geomean vs eager", "geomean vs compile", "fast_1 eager",
+                   "fast_1 compile", "mean reward"],
+                  [[s.label, pct(s.overall.pass_rate), pct(s.overall.faster_eager), pct(s.overall.faster_compile),
+                    num(s.overall.geomean_eager), num(s.overall.geomean_compile), pct(s.overall.fast_p_eager[1.0]),
+                    pct(s.overall.fast_p_compile[1.0]), num(s.overall.mean_reward)] for s in summaries]),
+        ]
+    blocks += [Heading("Figures"), *[Image(p.name, p.stem.replace("_", " ")) for p in images]]
+    if training:
+        blocks += [Heading("Training"),
+                   Para("Per stage of each training run (a stage the run returns to is listed again): its steps, "
+                        "hours (summed step time) and final metrics, each the mean over the stage's last "
+                        f"{FINAL_STEPS} steps that measured it ('-': never measured). Curves: training.png. "
+                        f"Definitions: {DOC}.")]
+        for t in training:
+            blocks += [Heading(f"Training: {t.label}", 3), Para(f"{t.source}: {t.steps} steps."),
+                       Table(["stage", "steps", "step range", "hours", "reward", "pass", ">compile", "KL to ref",
+                              "entropy", "expl. var.", "SFT loss", "value loss", "resp. tokens", "tokens/s"],
+                             [_stage_row(s) for s in t.stages])]
     for s in summaries:
         groups = [*s.levels.values(), s.overall]
         blocks += [
@@ -169,16 +199,18 @@ def _jsonable(x):
     return x
 
 
-def summary_json(summaries: list[RunSummary], generated: str) -> dict:
+def summary_json(summaries: list[RunSummary], generated: str, training: list[TrainingSummary]) -> dict:
     return {"generated": generated, "fast_p": list(FAST_P),
-            "runs": [_jsonable(dataclasses.asdict(s)) for s in summaries]}
+            "runs": [_jsonable(dataclasses.asdict(s)) for s in summaries],
+            "training": [_jsonable(dataclasses.asdict(t)) for t in training]}
 
 
-def write_report(out_dir: Path, summaries: list[RunSummary], images: list[Path]) -> Path:
+def write_report(out_dir: Path, summaries: list[RunSummary], images: list[Path],
+                 training: list[TrainingSummary]) -> Path:
     """report.md, report.html and summary.json in `out_dir` (the images already there); the Markdown's path."""
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    blocks = document(summaries, images, generated)
+    blocks = document(summaries, images, generated, training)
     (out_dir / "report.md").write_text(to_markdown(blocks))
-    (out_dir / "report.html").write_text(to_html(blocks))
-    (out_dir / "summary.json").write_text(json.dumps(summary_json(summaries, generated), indent=1) + "\n")
+    (out_dir / "report.html").write_text(to_html(blocks, title(summaries, training)))
+    (out_dir / "summary.json").write_text(json.dumps(summary_json(summaries, generated, training), indent=1) + "\n")
     return out_dir / "report.md"

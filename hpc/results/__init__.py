@@ -1,1 +1,1 @@
-"""Evaluation records and their one HDF5 schema (documented in results/SCHEMA.md)."""
+"""Evaluation records and training metrics, and their HDF5 schema (documented in results/SCHEMA.md)."""

@@ -1,4 +1,4 @@
-"""The one HDF5 writer and reader of evaluation records.
+"""The one HDF5 writer and reader of evaluation records, and the machinery every results table shares.
 
 Layout: group /records holds one resizable 1-D dataset per EvalRecord field (columnar, so an
 analysis job reads a column without touching the rest) and the attribute `count`, the number of
@@ -7,10 +7,13 @@ flushes: a reader trusts only the first `count` rows, so a crash mid-append leav
 finished record readable. The file is opened with the latest format in SWMR mode, so a live
 reader (`h5py.File(path, "r", swmr=True)`) can follow a running evaluation.
 
-A writer holds an advisory lock (`.NAME.lock` beside the file) for its lifetime: a second writer
-is refused while the first lives, and one that finds the file still marked open by a writer that
-no longer holds the lock (killed: SIGKILL, node loss) recovers it: the complete records and the
-attributes are copied to a fresh file that replaces it, and appending continues.
+Training metrics (hpc.results.training) are tables of the same kind (a group of columns and a
+`count`) and may share the file: the writers below (AppendingFile) and the readers (read_retrying)
+serve every table. A writer holds an advisory lock (`.NAME.lock` beside the file) for its
+lifetime: a second writer, of any table, is refused while the first lives, and one that finds the
+file still marked open by a writer that no longer holds the lock (killed: SIGKILL, node loss)
+recovers it: the complete rows of every table and all attributes are copied to a fresh file that
+replaces it, and appending continues.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import os
 import sys
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
@@ -34,9 +39,11 @@ ADDED_IN = {"candidate_host_ms": 2, "stage_seconds": 2}     # columns newer than
 GROUP = "records"
 _STR = h5py.string_dtype("utf-8")
 _FLOATS = h5py.vlen_dtype(np.float64)
+T = TypeVar("T")
 
 
-def _dtype(tp) -> object:
+def column_dtype(tp) -> object:
+    """The HDF5 dtype of a column of Python type `tp` (a type or its name)."""
     tp = typing.get_origin(tp) or tp
     if tp is bool or tp == "bool":
         return np.bool_
@@ -49,8 +56,11 @@ def _dtype(tp) -> object:
     return _STR
 
 
-class ResultWriter:
-    """Appends EvalRecords to one HDF5 file (one writer per file). Use as a context manager."""
+class AppendingFile:
+    """The one writer of a results file, whichever of its tables it appends to. It holds the writer
+    lock for its lifetime, opens the file (recovered when its last writer was killed), lets the
+    subclass lay out or check its tables (`_prepare`), sets `attrs` on the file and switches to SWMR
+    mode, after which no table can be created: so a subclass creates all of its own up front."""
 
     def __init__(self, path: str | os.PathLike, attrs: dict[str, str] | None = None):
         self.path = Path(path)
@@ -61,22 +71,20 @@ class ResultWriter:
         except UserError:
             os.close(self._lock)
             raise
-        if len(self.file.keys()) == 0 and len(self.file.attrs) == 0:
-            _create_layout(self.file)
-        else:
-            try:
-                _check_appendable(self.file, self.path)
-            except UserError:
-                self.file.close()
-                os.close(self._lock)
-                raise
+        try:
+            if _tables(self.file) is None:
+                raise UserError(f"results {self.path}: not an hpc results file (it holds data outside any table)")
+            self._prepare()
+        except UserError:
+            self.close()
+            raise
         for key, value in (attrs or {}).items():
             self.file.attrs[key] = value
-        self.group = self.file[GROUP]
         self.file.swmr_mode = True
 
-    def append(self, record: EvalRecord) -> None:
-        _append_row(self.file, self.group, record)
+    def _prepare(self) -> None:
+        """Create this writer's tables in the file, or check the ones there (UserError when unfit)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         if self.file.id.valid:
@@ -92,10 +100,24 @@ class ResultWriter:
         self.close()
 
 
+class ResultWriter(AppendingFile):
+    """Appends EvalRecords to one HDF5 file (one writer per file). Use as a context manager."""
+
+    def _prepare(self) -> None:
+        if GROUP not in self.file and "schema_version" not in self.file.attrs:
+            _create_layout(self.file)      # a new file, or one holding only other tables (training)
+        else:
+            _check_appendable(self.file, self.path)
+        self.group = self.file[GROUP]
+
+    def append(self, record: EvalRecord) -> None:
+        append_rows(self.file, self.group, {fd.name: [getattr(record, fd.name)] for fd in FIELDS})
+
+
 def _create_layout(f: h5py.File) -> None:
     group = f.create_group(GROUP)
     for fd in FIELDS:
-        group.create_dataset(fd.name, shape=(0,), maxshape=(None,), dtype=_dtype(fd.type), chunks=(64,))
+        group.create_dataset(fd.name, shape=(0,), maxshape=(None,), dtype=column_dtype(fd.type), chunks=(64,))
     group.attrs["count"] = 0
     f.attrs["schema_version"] = SCHEMA_VERSION
     f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -108,15 +130,33 @@ def _check_appendable(f: h5py.File, path: Path) -> None:
                         f"{f.attrs.get('schema_version')}; new results go to a new file")
 
 
-def _append_row(f: h5py.File, group: h5py.Group, record: EvalRecord) -> None:
+def append_rows(f: h5py.File, group: h5py.Group, columns: dict[str, list]) -> None:
+    """Append rows to a table, one list of values per column (all of one length), then bump its
+    `count` and flush: a reader sees all of these rows or none."""
     n = int(group.attrs["count"])
-    for fd in FIELDS:
-        ds = group[fd.name]
-        if ds.shape[0] < n + 1:
-            ds.resize((n + 1,))
-        value = getattr(record, fd.name)
-        ds[n] = np.asarray(value, dtype=np.float64) if _dtype(fd.type) is _FLOATS else value
-    group.attrs["count"] = n + 1
+    k = len(next(iter(columns.values())))
+    for name, values in columns.items():
+        ds = group[name]
+        if ds.shape[0] < n + k:
+            ds.resize((n + k,))
+        if h5py.check_vlen_dtype(ds.dtype) == np.float64:   # row by row: h5py reads equal lengths as 2-D
+            for i, value in enumerate(values):
+                ds[n + i] = np.asarray(value, dtype=np.float64)
+        else:
+            data = np.empty(k, dtype=ds.dtype)
+            data[:] = values
+            ds[n:n + k] = data
+    group.attrs["count"] = n + k
+    f.flush()
+
+
+def truncate_rows(f: h5py.File, group: h5py.Group, keep: int) -> None:
+    """Drop a table's rows after the first `keep`: `count` first (flushed), so a crash midway leaves
+    a table that readers and recovery already see as cut."""
+    group.attrs["count"] = keep
+    f.flush()
+    for ds in group.values():
+        ds.resize((keep,))
     f.flush()
 
 
@@ -145,22 +185,44 @@ def _open_for_append(path: Path) -> h5py.File:
 
 
 def _recover(path: Path) -> None:
-    """Replace a file whose writer died with the open-for-write mark by a clean copy of its
-    complete records and attributes (the caller holds the writer lock, so no writer is live)."""
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        _check_appendable(f, path)
-    records = read_records(path)
-    attrs = file_attrs(path)
+    """Replace a file whose writer died with the open-for-write mark by a clean copy of the complete
+    rows of its tables and all attributes (the caller holds the writer lock, so no writer is live)."""
     tmp = path.with_name(f".{path.name}.recovered.{os.getpid()}")
-    with h5py.File(tmp, "w", libver="latest") as f:
-        _create_layout(f)
-        for key, value in attrs.items():
-            f.attrs[key] = value
-        for rec in records:
-            _append_row(f, f[GROUP], rec)
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        tables = _tables(f)
+        if tables is None:
+            raise UserError(f"results {path}: not an hpc results file (it holds data outside any table)")
+
+        def copy(name: str, obj) -> None:
+            if isinstance(obj, h5py.Group):
+                out.require_group(name).attrs.update(obj.attrs)
+            else:
+                out.create_dataset(name, data=obj[:int(obj.parent.attrs["count"])], maxshape=(None,),
+                                   chunks=obj.chunks, dtype=obj.dtype)
+
+        with h5py.File(tmp, "w", libver="latest") as out:
+            out.attrs.update(f.attrs)
+            f.visititems(copy)
+        kept = ", ".join(f"{name} {int(f[name].attrs['count'])}" for name in tables)
     os.replace(tmp, path)
-    print(f"results {path}: its last writer did not close it (killed?); recovered {len(records)} complete "
-          "records", file=sys.stderr, flush=True)
+    print(f"results {path}: its last writer did not close it (killed?); recovered the complete rows ({kept})",
+          file=sys.stderr, flush=True)
+
+
+def _tables(f: h5py.File) -> list[str] | None:
+    """The file's tables (groups with a `count`, whose datasets are their columns); None when a
+    dataset lies outside any table: not a results file, so neither extended nor recovered."""
+    tables, stray = [], []
+
+    def visit(name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset):
+            if "count" not in obj.parent.attrs:
+                stray.append(name)
+        elif "count" in obj.attrs:
+            tables.append(name)
+
+    f.visititems(visit)
+    return None if stray else tables
 
 
 def _check_schema(f: h5py.File, path: Path) -> None:
@@ -175,36 +237,54 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     """Every complete record of a results file (SWMR-safe while a writer is still appending)."""
     path = Path(path)
+    columns, n = read_retrying(path, lambda f: complete_rows(_records_group(f, path)))
+    return [EvalRecord(**{fd.name: to_python(columns[fd.name][i]) for fd in FIELDS if fd.name in columns})
+            for i in range(n)]
+
+
+def to_python(v):
+    """A value read from a column as the Python value that was written."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
+
+
+def _records_group(f: h5py.File, path: Path) -> h5py.Group:
+    _check_schema(f, path)
+    return f[GROUP]
+
+
+def complete_rows(group: h5py.Group, start: int = 0, stop: int | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """Every column of a table's rows start..stop, cut at its `count` (rows after it may be half
+    written), and how many rows that is."""
+    count = int(group.attrs["count"])
+    stop = count if stop is None else min(stop, count)
+    return {name: ds[start:stop] for name, ds in group.items()}, max(0, stop - start)
+
+
+def read_retrying(path: Path, read: Callable[[h5py.File], T]) -> T:
+    """`read(f)` on the file opened for reading, SWMR-safe: a read that a writer's variable-length
+    data (strings) outran, or that met a writer holding its lock while creating the file, is
+    retried on a fresh open. `read` raises UserError for a file that is not what it wants."""
     for _ in range(20):
         try:
-            columns, n = _read_columns(path)
-            break
+            return _read_once(path, read)
         except _StaleView:
-            # variable-length data (strings) outran this reader's view of the file, or a writer held
-            # its lock while creating it: reopen and retry
             time.sleep(0.05)
-    else:
-        raise UserError(f"results {path}: unreadable while being written (retried 20 times)")
-    records = []
-    for i in range(n):
-        values = {}
-        for fd in FIELDS:
-            if fd.name not in columns:
-                continue
-            v = columns[fd.name][i]
-            if isinstance(v, bytes):
-                v = v.decode("utf-8")
-            elif isinstance(v, np.ndarray):
-                v = v.tolist()
-            elif isinstance(v, np.bool_):
-                v = bool(v)
-            elif isinstance(v, np.integer):
-                v = int(v)
-            elif isinstance(v, np.floating):
-                v = float(v)
-            values[fd.name] = v
-        records.append(EvalRecord(**values))
-    return records
+    raise UserError(f"results {path}: unreadable while being written (retried 20 times)")
+
+
+def file_groups(path: str | os.PathLike) -> set[str]:
+    """The names at the top of a results file: which tables it holds (`records`, `train`)."""
+    return read_retrying(Path(path), lambda f: set(f))
 
 
 class _StaleView(Exception):
@@ -224,7 +304,7 @@ def _check_not_truncated(path: Path) -> None:
             raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
 
 
-def _read_columns(path: Path) -> tuple[dict, int]:
+def _read_once(path: Path, read: Callable[[h5py.File], T]) -> T:
     _check_not_truncated(path)
     try:
         f = h5py.File(path, "r", libver="latest", swmr=True)
@@ -233,17 +313,10 @@ def _read_columns(path: Path) -> tuple[dict, int]:
             raise _StaleView(str(e)) from None
         raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
     with f:
-        _check_schema(f, path)
-        group = f[GROUP]
-        n = int(group.attrs["count"])
-        columns = {}
         try:
-            for fd in FIELDS:
-                if fd.name in group:
-                    columns[fd.name] = group[fd.name][:n]
+            return read(f)
         except OSError as e:
             raise _StaleView(str(e)) from None
-    return columns, n
 
 
 def file_attrs(path: str | os.PathLike) -> dict:

@@ -1,0 +1,251 @@
+"""Training metrics in HDF5: round trip, bad rows refused, resume without duplicates, a killed
+trainer's file recovered, sharing a file with evaluation records, and the training part of the
+analysis report (jobs/analyze.py run in this process: no interpreter start per case)."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+
+import h5py
+import pytest
+
+from hpc.errors import UserError
+from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
+from hpc.results.record import EvalRecord
+from hpc.results.training import STEP_FIELDS, TrainingWriter, read_steps, read_trajectories
+from jobs.analyze import main as analyze_main
+
+
+def step_row(step: int, stage: str, stage_step: int, **metrics) -> dict:
+    return {"step": step, "stage": stage, "stage_step": stage_step, "samples": 4, "step_s": 60.0, **metrics}
+
+
+def trajectory(task_id: str, reward: float, **extra) -> dict:
+    return {"task_id": task_id, "reward": reward, "end_reason": "submitted", **extra}
+
+
+def test_steps_and_trajectories_round_trip(tmp_path):
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path, {"git_commit": "abc"}) as w:
+        w.append_trajectories(1, "sft", [trajectory("level1/a", 1.0, turns=[{"role": "assistant", "text": "ünï"}])])
+        w.append_step(step_row(1, "sft", 1, sft_loss=2.5, timestamp=100.0))
+        w.append_trajectories(2, "ppo_single", [trajectory("level1/a", -1.0), trajectory("level1/b", math.nan)])
+        w.append_step(step_row(2, "ppo_single", 1, reward_mean=0.5, kl_to_reference=None))
+    steps = read_steps(path)
+    assert list(steps[0]) == list(STEP_FIELDS)
+    assert [(s["step"], s["stage"], s["stage_step"], s["samples"]) for s in steps] == [(1, "sft", 1, 4),
+                                                                                      (2, "ppo_single", 1, 4)]
+    assert steps[0]["sft_loss"] == 2.5 and steps[0]["timestamp"] == 100.0 and math.isnan(steps[0]["reward_mean"])
+    assert steps[1]["reward_mean"] == 0.5 and math.isnan(steps[1]["kl_to_reference"]) and steps[1]["timestamp"] > 1e9
+    first, *rest = read_trajectories(path)
+    assert first == {"task_id": "level1/a", "reward": 1.0, "end_reason": "submitted", "step": 1, "stage": "sft",
+                     "turns": [{"role": "assistant", "text": "ünï"}]}
+    assert [(t["step"], t["task_id"]) for t in rest] == [(2, "level1/a"), (2, "level1/b")]
+    assert math.isnan(rest[1]["reward"])
+    assert [t["task_id"] for t in read_trajectories(path, step=2)] == ["level1/a", "level1/b"]
+    assert read_trajectories(path, step=3) == []
+    assert file_attrs(path)["git_commit"] == "abc"
+
+
+def test_bad_rows_are_value_errors_and_write_nothing(tmp_path):
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(1, "sft", 1))
+        w.append_trajectories(1, "sft", [trajectory("t", 0.0)])
+        with pytest.raises(ValueError, match="unknown metric 'rewrd_mean'"):
+            w.append_step(step_row(2, "sft", 2, rewrd_mean=1.0))
+        with pytest.raises(ValueError, match="no 'stage_step'"):
+            w.append_step({"step": 2, "stage": "sft", "samples": 1})
+        with pytest.raises(ValueError, match="step=2.0 is not int"):
+            w.append_step(step_row(2.0, "sft", 2))
+        with pytest.raises(ValueError, match="step 1 does not follow step 1"):
+            w.append_step(step_row(1, "sft", 2))
+        with pytest.raises(ValueError, match="trajectory 1 has no 'end_reason'"):
+            w.append_trajectories(2, "sft", [trajectory("t", 0.0), {"task_id": "t", "reward": 0.0}])
+        with pytest.raises(ValueError, match="trajectory 0 is not JSON-ready"):
+            w.append_trajectories(2, "sft", [trajectory("t", 0.0, tokens={1, 2})])
+        with pytest.raises(ValueError, match="step 0 \\(steps count from 1\\)"):
+            w.append_trajectories(0, "sft", [trajectory("t", 0.0)])
+    with TrainingWriter(tmp_path / "other.h5") as w:
+        with pytest.raises(ValueError, match="step 0 \\(steps count from 1\\)"):
+            w.append_step(step_row(0, "sft", 1))
+        w.append_trajectories(3, "sft", [trajectory("t", 0.0)])
+        with pytest.raises(ValueError, match="step 2 is before step 3, already written"):
+            w.append_trajectories(2, "sft", [trajectory("t", 0.0)])
+    assert len(read_steps(path)) == 1 and len(read_trajectories(path)) == 1
+
+
+def test_truncate_after_lets_a_resumed_run_continue_without_duplicates(tmp_path):
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path) as w:
+        for step in range(1, 6):
+            w.append_trajectories(step, "rft", [trajectory(f"s{step}-{i}", float(i)) for i in range(3)])
+            w.append_step(step_row(step, "rft", step))
+    with TrainingWriter(path) as w:        # resumed from the checkpoint of step 3
+        assert w.last_step == 5
+        w.truncate_after(3)
+        assert w.last_step == 3
+        w.append_trajectories(4, "rft", [trajectory("again", 1.0)])
+        w.append_step(step_row(4, "rft", 4, reward_mean=9.0))
+    assert [s["step"] for s in read_steps(path)] == [1, 2, 3, 4] and read_steps(path)[-1]["reward_mean"] == 9.0
+    assert [t["task_id"] for t in read_trajectories(path) if t["step"] >= 3] == ["s3-0", "s3-1", "s3-2", "again"]
+    with h5py.File(path, "r") as f:
+        assert f["train/trajectories/data"].shape == (10,)      # the cut rows are gone, not only hidden
+
+
+def test_records_and_training_share_a_file_with_one_writer_at_a_time(tmp_path):
+    path = tmp_path / "results.h5"
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(1, "sft", 1))
+        with pytest.raises(UserError, match="another process is writing it"):
+            ResultWriter(path)
+    with ResultWriter(path) as w:          # adds /records to a file holding training metrics
+        w.append(EvalRecord(task_id="level1/a", reward=1.0))
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(2, "ppo_single", 1))
+    with ResultWriter(path) as w:
+        w.append(EvalRecord(task_id="level1/b"))
+    assert [r.task_id for r in read_records(path)] == ["level1/a", "level1/b"]
+    assert [s["step"] for s in read_steps(path)] == [1, 2]
+
+
+TRAINER = """
+import sys
+from hpc.results.training import TrainingWriter
+with TrainingWriter(sys.argv[1]) as w:
+    step = 0
+    while True:
+        step += 1
+        w.append_trajectories(step, "ppo_multi", [{"task_id": f"t{i}", "reward": float(step), "end_reason": "done",
+                                                   "text": "x" * 2000} for i in range(8)])
+        w.append_step({"step": step, "stage": "ppo_multi", "stage_step": step, "samples": 8, "reward_mean": step})
+        print(step, flush=True)
+"""
+
+
+def test_a_killed_trainer_loses_at_most_the_row_being_written_and_the_next_writer_continues(tmp_path):
+    path = tmp_path / "results.h5"
+    with ResultWriter(path) as w:
+        w.append(EvalRecord(task_id="level1/before"))
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(path)], stdout=subprocess.PIPE, text=True)
+    finished = 0
+    while finished < 10:
+        finished = int(proc.stdout.readline())
+    assert len(read_steps(path)) >= 10          # a live reader follows the trainer
+    while finished < 30:
+        finished = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    steps = read_steps(path)              # read while the file is still marked open by the dead writer
+    assert len(steps) >= finished and [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+    assert all(s["reward_mean"] == s["step"] for s in steps)
+    trajectories = read_trajectories(path)
+    assert len(trajectories) >= 8 * len(steps) and len(trajectories) % 8 == 0     # a step's batch: all or none
+
+    with TrainingWriter(path) as w:       # recovers the file, both groups, and continues it
+        w.truncate_after(len(steps))
+        w.append_step(step_row(len(steps) + 1, "ppo_multi", len(steps) + 1))
+    assert [s["step"] for s in read_steps(path)] == list(range(1, len(steps) + 2))
+    assert len(read_trajectories(path)) == 8 * len(steps) and read_trajectories(path, 3)[0]["text"] == "x" * 2000
+    assert [r.task_id for r in read_records(path)] == ["level1/before"]
+
+
+def test_files_without_or_with_malformed_training_data_are_user_errors(tmp_path):
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not hdf5 at all")
+    with pytest.raises(UserError, match="cannot read as HDF5"):
+        read_steps(junk)
+    records_only = tmp_path / "records.h5"
+    with ResultWriter(records_only) as w:
+        w.append(EvalRecord(task_id="level1/a"))
+    with pytest.raises(UserError, match="no training data"):
+        read_trajectories(records_only)
+    broken = tmp_path / "broken.h5"
+    with TrainingWriter(broken) as w:
+        w.append_step(step_row(1, "sft", 1))
+    with h5py.File(broken, "a") as f:
+        del f["train/steps/entropy"]
+    with pytest.raises(UserError, match="malformed training data, /train/steps lacks columns entropy"):
+        read_steps(broken)
+    with pytest.raises(UserError, match="malformed training data"):
+        TrainingWriter(broken)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("x", data=[1, 2, 3])
+    with pytest.raises(UserError, match="not an hpc results file"):
+        TrainingWriter(other)
+
+
+def write_training(path, stages: list[tuple[str, int]], records: list[EvalRecord] = ()) -> None:
+    step = 0
+    with TrainingWriter(path, {"config": json.dumps({"rl": {}})}) as w:
+        for stage, n in stages:
+            for k in range(1, n + 1):
+                step += 1
+                metrics = {"sft_loss": 2.0 / k} if stage == "sft" else {
+                    "reward_mean": 0.1 * k, "pass_rate": 0.05 * k, "faster_than_compile_rate": 0.01 * k,
+                    "kl_to_reference": 0.001 * k, "entropy": 1.0 - 0.01 * k, "clip_fraction": 0.1,
+                    "explained_variance": 0.5, "response_length_mean": 800.0, "tokens_per_second": 2500.0,
+                    "generation_s": 40.0, "reward_s": 15.0, "update_s": 5.0}
+                w.append_step(step_row(step, stage, k, **metrics))
+    if records:
+        with ResultWriter(path) as w:
+            for rec in records:
+                w.append(rec)
+
+
+def test_analyze_reports_training_runs_with_and_without_evaluation_records(tmp_path, capsys):
+    """trainrun: a training run's folder (train.h5 only); both.h5: one file with training metrics and
+    evaluation records; mixed: a folder with both files."""
+    passing = EvalRecord(task_id="level1/a", task_level=1, correct=True, speedup_eager=2.0, speedup_compile=1.5,
+                         reward=3.0)
+    write_training(tmp_path / "trainrun" / "train.h5", [("sft", 4), ("ppo_single", 12), ("ppo_multi", 8)])
+    write_training(tmp_path / "both.h5", [("ppo_single", 6)], [passing])
+    write_training(tmp_path / "mixed" / "train.h5", [("rft", 3)])
+    with ResultWriter(tmp_path / "mixed" / "results.h5") as w:
+        w.append(passing)
+    out = tmp_path / "report"
+    runs = [str(tmp_path / name) for name in ("trainrun", "both.h5", "mixed")]
+    assert analyze_main([*runs, "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    data = (out / "training.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert md.startswith("# Training and evaluation report") and "![training](training.png)" in md
+    assert "### Training: trainrun" in md and "### Training: both" in md and "### Training: mixed" in md
+    assert "## Run: both" in md and "## Run: mixed" in md
+    assert "## Run: trainrun" not in md          # no evaluation records: no evaluation section
+    rows = set(md.splitlines())
+    # the last 5 steps of each stage: sft_loss 2/k for k = 1..4 (all four); ppo_single k = 8..12
+    assert "| sft | 4 | 1-4 | 0.07 | - | - | - | - | - | - | 1.042 | - | - | - |" in rows, md
+    assert "| ppo_single | 12 | 5-16 | 0.20 | 1.000 | 50.0% | 10.0% | 0.010 | 0.900 | 0.500 | - | - | 800 | 2500 |" \
+        in rows, md
+    assert "| ppo_multi | 8 | 17-24 |" in md and (out / "fast_p.png").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["label"] for r in summary["runs"]] == ["both", "mixed"]
+    assert [t["source"] for t in summary["training"]] == [
+        str(tmp_path / "trainrun" / "train.h5"), str(tmp_path / "both.h5"), str(tmp_path / "mixed" / "train.h5")]
+    first = summary["training"][0]
+    assert (first["label"], first["steps"], [s["stage"] for s in first["stages"]]) == \
+        ("trainrun", 24, ["sft", "ppo_single", "ppo_multi"])
+    assert first["stages"][0]["final"]["reward_mean"] is None and first["stages"][1]["final"]["pass_rate"] == 0.5
+
+    only = tmp_path / "only"
+    assert analyze_main([str(tmp_path / "trainrun" / "train.h5"), "--out", str(only)]) == 0
+    assert (only / "report.md").read_text().startswith("# Training report") and (only / "training.png").is_file()
+    assert "### Training: trainrun" in (only / "report.md").read_text()     # train.h5 is labelled by its folder
+    assert not (only / "fast_p.png").exists() and json.loads((only / "summary.json").read_text())["runs"] == []
+    capsys.readouterr()
+
+
+def test_analyze_of_malformed_training_data_is_one_error_line(tmp_path, capsys):
+    path = tmp_path / "run.h5"
+    write_training(path, [("sft", 2)])
+    with h5py.File(path, "a") as f:
+        f["train"].attrs["schema_version"] = 7
+    assert analyze_main([str(path), "--out", str(tmp_path / "report")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: results {path}: /train is not training data of schema version 1..1"]
