@@ -6,6 +6,8 @@
         [--tasks DIR]
     hpc synthesize --out RUN [--count N] [--seed S] [--config F] [--from OPS6K] [--import-only] [--benchmark DIR]
         [--backend ...] [--scale ...] [--workers N]
+    hpc serve --checkpoint ROOT [--step N] | --hf DIR [--tokenizer byte|DIR] [--chat-format auto|chatml|llama3|plain]
+        [--host H] [--port P] [--model-name NAME] [--api-key-env VAR] [--dtype auto|fp32|bf16]
 
 Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage
 (its record is still printed and written, the reason on stderr); 2 bad input (one `error:` line).
@@ -62,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     syn = sub.add_parser("synthesize", help="compose training tasks, filter them, write a dataset (in this process)")
     add_arguments(syn)
+    from hpc.policy import serve
+
+    srv = sub.add_parser("serve", help="serve the policy over OpenAI's chat-completions protocol (docs/agent.md)")
+    serve.add_arguments(srv)
     return parser
 
 
@@ -88,6 +94,10 @@ def _run(args) -> int:
         return _import_kernelbench(args)
     if args.command == "synthesize":
         return _synthesize(args)
+    if args.command == "serve":
+        from hpc.policy.serve import config_from_args, serve
+
+        return serve(config_from_args(args))
     from pathlib import Path
 
     from hpc.candidate import load_candidate

@@ -1,12 +1,16 @@
-"""Run one agent episode with a replayed policy: a recorded trajectory or a list of replies.
+"""Run one agent episode with a replayed policy (a recorded trajectory or a list of replies) or with
+a model behind an OpenAI-compatible chat-completions endpoint.
 
     python -m hpc.agent TASK REPLIES.json [--preset tiny|train|eval] [--out TRAJECTORY.json]
+    python -m hpc.agent TASK --openai-base-url URL --model NAME [--api-key-env VAR] [--temperature T]
+        [--top-p P] [--max-tokens N] [--request-timeout S] [--retries N]
     mpirun -n 3 python -m mpi4py -m hpc.agent TASK REPLIES.json --pool ...   # tools on the reward pool
 
-Every tool call is executed again and every state re-evaluated: a rollout re-scored, a bug
-reproduced, or the environment driven end to end without a model. With --pool, rank 0 runs the
-episode and the other ranks are the pool's workers (one device each); the episode folder must be
-on a filesystem they see. Prints a JSON summary; --out writes the whole trajectory.
+Every tool call is executed (again) and every state (re-)evaluated: a rollout re-scored, a bug
+reproduced, the environment driven end to end without a model, or an external model (a frontier
+API, vLLM, `hpc serve`) run as a baseline. With --pool, rank 0 runs the episode and the other
+ranks are the pool's workers (one device each); the episode folder must be on a filesystem they
+see. Prints a JSON summary; --out writes the whole trajectory.
 """
 
 from __future__ import annotations
@@ -29,7 +33,21 @@ if TYPE_CHECKING:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hpc.agent", description=__doc__.splitlines()[0])
     p.add_argument("task", help="problem file")
-    p.add_argument("replies", help="JSON list of replies, or a trajectory JSON whose replies are replayed")
+    p.add_argument("replies", nargs="?",
+                   help="JSON list of replies, or a trajectory JSON whose replies are replayed "
+                        "(or drive a model with --openai-base-url instead)")
+    api = p.add_argument_group("a model behind an OpenAI-compatible endpoint (instead of REPLIES)")
+    api.add_argument("--openai-base-url", metavar="URL",
+                     help="the API root, e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1 (hpc serve)")
+    api.add_argument("--model", help="the model name the endpoint knows")
+    api.add_argument("--api-key-env", metavar="VAR", default="OPENAI_API_KEY",
+                     help="environment variable holding the key (default OPENAI_API_KEY; unset: no key sent)")
+    api.add_argument("--temperature", type=float, help="sampling temperature (default: the endpoint's)")
+    api.add_argument("--top-p", type=float, help="nucleus sampling (default: the endpoint's)")
+    api.add_argument("--max-tokens", type=int, help="most tokens per reply (default: the endpoint's)")
+    api.add_argument("--request-timeout", type=float, default=600.0, help="seconds one request may take")
+    api.add_argument("--retries", type=int, default=5,
+                     help="retries of a request after connection errors, 429 and 5xx (default 5)")
     p.add_argument("--config", help="YAML agent config")
     p.add_argument("--preset", choices=("tiny", "train", "eval"))
     p.add_argument("--mode", choices=("multi_turn", "single_turn"))
@@ -46,22 +64,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Exactly one policy: REPLIES, or --openai-base-url with --model."""
+    if (args.replies is None) == (args.openai_base_url is None):
+        raise UserError("give exactly one of REPLIES (a replayed policy) and --openai-base-url URL (a model)")
+    if args.openai_base_url is None:
+        given = [f"--{k.replace('_', '-')}" for k in ("model", "temperature", "top_p", "max_tokens")
+                 if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: only with --openai-base-url")
+    elif not args.model:
+        raise UserError("--openai-base-url: --model NAME is required")
+
+
+def make_policy(args: argparse.Namespace):
+    """The ReplayPolicy of REPLIES, or the OpenAIChatPolicy of --openai-base-url."""
+    if args.openai_base_url is None:
+        from hpc.agent.policy import ReplayPolicy
+
+        return ReplayPolicy.from_file(args.replies)
+    from hpc.agent.openai_client import OpenAIChatPolicy
+
+    return OpenAIChatPolicy(args.openai_base_url, args.model, api_key_env=args.api_key_env or None,
+                            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                            timeout_s=args.request_timeout, retries=args.retries)
+
+
 def run(args: argparse.Namespace, backend: EvalBackend) -> int:
-    """The episode on rank 0 (or alone): replay, evaluate, report."""
+    """The episode on rank 0 (or alone): ask the policy, evaluate, report."""
     from hpc.agent.config import load_agent_config
     from hpc.agent.episode import Episode
     from hpc.agent.policy import ReplayPolicy
     from hpc.task import load_task
 
+    check_args(args)
     cfg = load_agent_config(args.config, preset=args.preset, mode=args.mode, state=args.state)
     task = load_task(args.task)
-    policy = ReplayPolicy.from_file(args.replies)
+    policy = make_policy(args)
+    replay = isinstance(policy, ReplayPolicy)
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="hpc-agent-"))
     if args.root and root.exists() and any(root.iterdir()):
         raise UserError(f"--root {root}: not empty")
     episode = Episode(task, backend, cfg, root)
     try:
-        while not episode.done and policy.calls < len(policy.replies):
+        while not episode.done and (not replay or policy.calls < len(policy.replies)):
             episode.step(policy.respond([dict(m) for m in episode.messages]))
         trajectory = episode.finish()
     finally:
@@ -74,6 +120,8 @@ def run(args: argparse.Namespace, backend: EvalBackend) -> int:
         "malformed_calls", "unknown_tool_calls", "bad_argument_calls", "loop_detected", "seconds")}
     summary["turns"] = len(trajectory.turns)
     summary["reason"] = trajectory.record.get("reason", "")
+    if not replay:
+        summary["usage"] = policy.usage()
     served = getattr(backend, "served", None)
     if served is not None:
         summary["served_by_ranks"] = sorted(served)
@@ -93,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rank = MPI.COMM_WORLD.Get_rank()
     try:
+        check_args(args)
         eval_cfg = command_line_config(args.eval_config, args.backend, args.scale, args.iterations)
         if args.pool:
             return _pool_main(args, eval_cfg)

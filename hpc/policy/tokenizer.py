@@ -29,6 +29,10 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a special token's string, None when the vocabulary has no such token."""
+        ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0-255; then <|pad|>, <|bos|>, <|eos|>. Any text round-trips, and no
@@ -58,6 +62,9 @@ class ByteTokenizer:
                 out.append(self.SPECIALS[i - 256])
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
+
+    def token_id(self, token: str) -> int | None:
+        return 256 + self.SPECIALS.index(token) if token in self.SPECIALS else None
 
 
 class HFTokenizer:
@@ -90,6 +97,9 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
 
 
 def _special_ids(root: Path, tok) -> dict[str, int | None]:
@@ -127,3 +137,26 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     if str(spec) == "byte":
         return ByteTokenizer()
     return HFTokenizer(spec)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike,
+              split_words: bool = True) -> "HFTokenizer":
+    """A byte-level BPE tokenizer with ChatML special tokens trained on `texts` and saved as a HF
+    tokenizer directory (tokenizer.json + tokenizer_config.json): a tiny policy's own vocabulary,
+    so a reply of kernel code is a few hundred tokens rather than thousands of bytes. With
+    `split_words` False, merges may span spaces and lines: on a corpus of a few files whole lines
+    become tokens (the CPU-scale default, where a reply must be short)."""
+    from tokenizers import Tokenizer as HFCore
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFCore(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|pad|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(texts), trainer)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|pad|>"}))
+    return HFTokenizer(out)
