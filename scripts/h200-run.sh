@@ -12,11 +12,14 @@
 #         quality     timing spread over repeated evaluations and the eager-identical bias
 #         throughput  candidates per minute of one process, cold and warm caches, level 1
 #         pool        candidates per minute per GPU through the MPI pool (POOL_ARGS adds flags)
+#         policy      the megatron policy: training tokens/s and MFU, rollout tokens/s vs HF generate
+#                     (benchmarks/policy_speed.py at the 0.5b preset; POLICY_ARGS adds flags)
 # The baseline cache ($HPC_CACHE_DIR/baselines) goes back as cache.tgz, so a later call can carry it.
+# A PYTHONPATH already set (packages installed with pip --target) stays after the checkout.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-export PYTHONPATH="$root" PYTHONUNBUFFERED=1 HPC_CACHE_DIR="${HPC_CACHE_DIR:-$root/.cache/hpc}"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HPC_CACHE_DIR="${HPC_CACHE_DIR:-$root/.cache/hpc}"
 out="${OUT:-$root/results/h200}"
 mkdir -p "$out" "$HPC_CACHE_DIR"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
@@ -41,6 +44,8 @@ for spec in "$@"; do
                          --out "$out/throughput.json") ;;
         pool) cmd=(python3 benchmarks/pool_throughput.py --backend cuda --only level1 --out "$out/pool.json"
                    --keep "$out/pool" ${POOL_ARGS:-}) ;;
+        policy) cmd=(python3 benchmarks/policy_speed.py --device cuda --preset 0.5b --out "$out/policy.json"
+                     ${POLICY_ARGS:-}) ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     timeout "$limit" "${cmd[@]}" >"$out/$stage.log" 2>&1

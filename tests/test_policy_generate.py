@@ -131,6 +131,28 @@ def test_stop_strings_stop_tokens_and_max_tokens(policy):
     assert all(len(c.logprobs) == len(c.tokens) for c in out)
 
 
+def test_stop_tokens_without_stop_strings_match_the_per_row_path(policy):
+    # Without stop strings the stop tokens are checked on the device; the per-row path (taken
+    # with a stop string that never matches) must give the same completions.
+    cfg, _ = policy
+    scripts = [TOK.encode("ab") + [TOK.eos_id] + TOK.encode("cd"), TOK.encode("0123456789"),
+               [TOK.eos_id, 66], TOK.encode("x") + [TOK.bos_id] + TOK.encode("yz")]
+    stops = [TOK.eos_id, TOK.bos_id]
+    fast = generate(Scripted(scripts, cfg.padded_vocab_size), cfg, TOK, [[65]] * 4,
+                    SamplingParams(max_new_tokens=6, temperature=0, stop_token_ids=stops))
+    assert [(c.tokens, c.text, c.finish_reason) for c in fast] == [
+        (TOK.encode("ab") + [TOK.eos_id], "ab", "stop"), (TOK.encode("012345"), "012345", "length"),
+        ([TOK.eos_id], "", "stop"), (TOK.encode("x") + [TOK.bos_id], "x", "stop")]
+    assert all(len(c.logprobs) == len(c.tokens) for c in fast)
+    slow = generate(Scripted(scripts, cfg.padded_vocab_size), cfg, TOK, [[65]] * 4,
+                    SamplingParams(max_new_tokens=6, temperature=0, stop_token_ids=stops, stop=["never"]))
+    assert fast == slow
+    # Every row stopped early: the loop ends before max_new_tokens.
+    net = Scripted(scripts[:1] + scripts[2:], cfg.padded_vocab_size)
+    out = generate(net, cfg, TOK, [[65]] * 3, SamplingParams(max_new_tokens=20, temperature=0, stop_token_ids=stops))
+    assert [c.finish_reason for c in out] == ["stop"] * 3 and net.calls < 20
+
+
 def test_bad_requests_are_refused(policy):
     cfg, net = policy
     with pytest.raises(ValueError, match="max_seq_len"):

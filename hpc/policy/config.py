@@ -18,6 +18,8 @@ from hpc.config import build_config, read_yaml_mapping
 from hpc.errors import UserError
 
 DTYPES = ("auto", "fp32", "bf16")
+ATTENTIONS = ("auto", "local", "sdpa")
+FUSIONS = ("auto", "on", "off")
 
 
 @dataclass
@@ -51,6 +53,12 @@ class PolicyModelConfig:
     qkv_bias: bool = False                  # Qwen2 has biases on q, k and v
     tie_embeddings: bool = True
     dtype: str = "auto"                     # auto: bf16 on GPU, fp32 on CPU
+    # Core attention: "local" is megatron's DotProductAttention (materializes the [s, s] scores),
+    # "sdpa" torch's scaled_dot_product_attention (flash / memory-efficient kernels on the GPU);
+    # auto: Transformer Engine's when it is installed (with CUDA), else sdpa on GPU, local on CPU.
+    attention: str = "auto"
+    # megatron's torch.compile'd SwiGLU and bias-dropout-add fusions; auto: on with CUDA.
+    fusions: str = "auto"
     parallel: ParallelSizes = field(default_factory=ParallelSizes)
 
     @property
@@ -70,11 +78,23 @@ class PolicyModelConfig:
             return "bf16" if cuda else "fp32"
         return self.dtype
 
+    def attention_impl(self, cuda: bool, have_te: bool = False) -> str:
+        """The core attention this config resolves to: "te", "sdpa" or "local"."""
+        if self.attention == "auto":
+            return "te" if cuda and have_te else "sdpa" if cuda else "local"
+        return self.attention
+
+    def fusions_on(self, cuda: bool) -> bool:
+        """Whether megatron's torch.compile'd fusions are used on a machine with or without CUDA."""
+        return cuda if self.fusions == "auto" else self.fusions == "on"
+
     def validate(self, world_size: int | None = None) -> None:
         """Raise UserError naming the first inconsistent key; world_size also checks the
         parallel layout against the processes actually running."""
-        if self.dtype not in DTYPES:
-            raise UserError(f"config policy.dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for key, choices in (("dtype", DTYPES), ("attention", ATTENTIONS), ("fusions", FUSIONS)):
+            if getattr(self, key) not in choices:
+                raise UserError(f"config policy.{key}: expected one of {', '.join(choices)}, "
+                                f"got {getattr(self, key)!r}")
         for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                     "ffn_hidden_size", "vocab_size", "vocab_multiple", "max_seq_len"):
             if getattr(self, key) < 1:

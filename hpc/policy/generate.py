@@ -3,7 +3,9 @@
 A hand-written loop over megatron's StaticInferenceContext (its engines need CUDA): prompts
 are left-padded to a common length, one prefill pass fills the cache, then each step feeds one
 token per row. Padding keys are masked in every step, and rotary embeddings are relative, so
-a padded row samples exactly what it would alone.
+a padded row samples exactly what it would alone. Without stop strings the loop never waits
+for the GPU: stop tokens are checked on the device and the samples come back once at the end;
+stop strings need each row's text, so with them every step brings the samples back.
 
 Log-probs are those of the temperature-scaled distribution over the model's vocabulary
 (log_softmax(logits / T); T = 1 for greedy), before top-p truncation: the quantity a trainer
@@ -70,8 +72,37 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # torch.multinomial(probs, 1)'s own algorithm (argmax of p / q, q ~ Exp(1), drawn the same way
+    # from the same generator: the same tokens), without the host syncs of its input checks; a
+    # NaN distribution is refused once, after the loop (`generate`).
+    q = torch.empty_like(probs).exponential_(1, generator=generator)
+    token = probs.div_(q).argmax(dim=-1)
     return token, logp.gather(-1, token[:, None]).squeeze(-1)
+
+
+class _AllStopped:
+    """Whether every row has met a stop token, read without waiting for the GPU: each call queues
+    a copy of the device flag to pinned host memory and answers from the last copy that has
+    landed (a step or two behind, so a batch may run a step or two past its last stop). With
+    `sync` (tensor parallel: every rank must leave the loop at the same step) it waits."""
+
+    def __init__(self, device: torch.device, sync: bool = False) -> None:
+        self.cuda = device.type == "cuda" and not sync
+        self.host = torch.zeros(1, dtype=torch.bool, pin_memory=self.cuda)
+        self.event = None
+
+    def __call__(self, stopped: torch.Tensor) -> bool:
+        if not self.cuda:
+            return bool(stopped.all())
+        if self.event is not None:
+            if not self.event.query():
+                return False
+            if bool(self.host[0]):
+                return True
+        self.host.copy_(stopped.all().reshape(1), non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+        return False
 
 
 def _tail(ids: list[int], n: int, special: frozenset[int]) -> list[int]:
@@ -131,10 +162,20 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
     tp_group = ps.get_tensor_model_parallel_group()
     tp_src = ps.get_tensor_model_parallel_src_rank()
 
+    # Without stop strings the stop tokens are checked on the device and the tokens come back to
+    # the host once at the end: no per-step sync or per-row Python on the hot path.
+    on_device = not params.stop
+    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    gen_logprobs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
+    stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)
+    tp_size = torch.distributed.get_world_size(tp_group)
+    all_stopped = _AllStopped(device, sync=tp_size > 1)
     out_tokens: list[list[int]] = [[] for _ in prompts]
     out_logprobs: list[list[float]] = [[] for _ in prompts]
     texts: list[str | None] = [None] * batch
     finish = [""] * batch
+    steps = 0
     was_training = model.training
     model.eval()
     context = StaticInferenceContext(batch, total)
@@ -149,31 +190,49 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
                 context.sequence_len_offset += step_input.shape[1]
                 last = mask_padded_vocab(logits[:, -1, :], cfg.vocab_size)
                 next_token, logp = sample_next(last, params.temperature, params.top_p, generator)
-                if torch.distributed.get_world_size(tp_group) > 1:
+                if tp_size > 1:
                     torch.distributed.broadcast(next_token, tp_src, group=tp_group)
                     torch.distributed.broadcast(logp, tp_src, group=tp_group)
                 pos = width + step
                 tokens[:, pos] = next_token
-                for i, (tok, lp) in enumerate(zip(next_token.tolist(), logp.tolist())):
-                    if finish[i]:
-                        continue
-                    out_tokens[i].append(tok)
-                    out_logprobs[i].append(lp)
-                    if tok in stop_ids:
-                        finish[i] = "stop"
-                    elif params.stop and _stop_match(
-                            tokenizer.decode(_tail(out_tokens[i], window, tokenizer.special_ids)), params.stop) >= 0:
-                        finish[i] = "stop"
-                        text = tokenizer.decode(out_tokens[i])
-                        texts[i] = text[:_stop_match(text, params.stop)]
-                if all(finish):
-                    break
+                gen_logprobs[:, step] = logp
+                steps = step + 1
+                if on_device:
+                    if stop_ids:
+                        hit = torch.isin(next_token, stop_tensor) & ~stopped
+                        lengths.masked_fill_(hit, steps)
+                        stopped |= hit
+                        if all_stopped(stopped):
+                            break
+                else:
+                    for i, tok in enumerate(next_token.tolist()):
+                        if finish[i]:
+                            continue
+                        out_tokens[i].append(tok)
+                        if tok in stop_ids:
+                            finish[i] = "stop"
+                        elif _stop_match(tokenizer.decode(_tail(out_tokens[i], window, tokenizer.special_ids)),
+                                         params.stop) >= 0:
+                            finish[i] = "stop"
+                            text = tokenizer.decode(out_tokens[i])
+                            texts[i] = text[:_stop_match(text, params.stop)]
+                    if all(finish):
+                        break
                 pad[:, pos] = False
                 step_input = tokens[:, pos:pos + 1]
                 mask = pad[:, None, None, :pos + 1]
     finally:
         model.train(was_training)
+    if params.temperature > 0 and bool(gen_logprobs[:, :steps].isnan().any()):
+        raise RuntimeError("generate: the policy's next-token distribution contains NaN or inf")
+    all_logprobs = gen_logprobs[:, :steps].tolist()
+    if on_device:
+        all_tokens = tokens[:, width:width + steps].tolist()
+        for i, (n, hit) in enumerate(zip(lengths.clamp_(max=steps).tolist(), stopped.tolist())):
+            out_tokens[i] = all_tokens[i][:n]
+            finish[i] = "stop" if hit else ""
     for i in range(batch):
+        out_logprobs[i] = all_logprobs[i][:len(out_tokens[i])]
         if not finish[i]:
             finish[i] = "length"
         if texts[i] is None:

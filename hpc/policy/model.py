@@ -2,9 +2,11 @@
 
 Both are built for the calling process's place in the TP x PP grid set up by
 `hpc.policy.parallel.init_parallel`. The layer spec is megatron's local one (plain torch
-modules); Transformer Engine's is used only when TE is installed and CUDA is present. On CPU
-the model runs in fp32 with every fusion off, and callers pass an explicit attention mask
-(megatron's default mask is built on "cuda").
+modules); Transformer Engine's is used only when TE is installed and CUDA is present. Core
+attention is `cfg.attention`: megatron's DotProductAttention ("local", materializes the scores)
+or `SDPAttention` ("sdpa", torch's scaled_dot_product_attention; the default on the GPU without
+TE). On CPU the model runs in fp32 with every fusion off, and callers pass an explicit attention
+mask (megatron's default mask is built on "cuda"; `SDPAttention` takes None as causal).
 
 Token conventions: inputs are [batch, seq] int64; `pad_mask` is True at padding. Padding may be
 on either side: rotary embeddings are relative, so a left-padded row gives the same logits as
@@ -14,6 +16,7 @@ are padding rows of the embedding and are masked out of every probability comput
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,7 @@ def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
     cuda = torch.cuda.is_available()
     bf16 = cfg.torch_dtype_name(cuda) == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
+    fused = cfg.fusions_on(cuda)
     return TransformerConfig(
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
@@ -52,19 +56,87 @@ def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
         use_cpu_initialization=not cuda,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        # SwiGLU and bias-dropout-add through megatron's torch.compile'd functions when `fused`;
+        # the other fusions need Apex or Transformer Engine kernels.
+        bias_activation_fusion=fused, bias_dropout_fusion=fused, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
         cross_entropy_loss_fusion=False,
     )
 
 
-def layer_spec() -> ModuleSpec:
-    """Transformer Engine's layer spec when TE and CUDA are there, megatron's local one otherwise."""
+def layer_spec(cfg: PolicyModelConfig | None = None) -> ModuleSpec:
+    """Transformer Engine's layer spec when TE and CUDA are there (and `cfg.attention` is auto),
+    megatron's local one otherwise, its core attention swapped for `SDPAttention` under "sdpa"."""
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if _have_te():
+    attention = (cfg or PolicyModelConfig()).attention_impl(torch.cuda.is_available(), _have_te())
+    if attention == "te":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    if attention == "sdpa":
+        spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
+    return spec
+
+
+@functools.lru_cache(maxsize=None)
+def sdpa_attention_class() -> type:
+    """`SDPAttention`: megatron's DotProductAttention (same constructor, no parameters, same
+    state dict) computed by `torch.nn.functional.scaled_dot_product_attention`.
+
+    Masks follow megatron: boolean [b, 1, sq, sk], True = masked. A mask becomes an additive
+    bias of a large finite negative number rather than -inf, so a query with every key masked
+    (a left-padding position) gets a finite (meaningless) output as in megatron, never NaN
+    (a NaN there would reach the real tokens through their attention to it: 0 x NaN). Without
+    a mask, a causal layer attends causally (the flash kernel) and an unmasked one everywhere.
+    GQA: one-token queries (decoding) fold each group's query heads into rows against the
+    shared key/value head; longer ones repeat the key/value heads as DotProductAttention does.
+    Softmax offsets, sliding windows and attention dropout fall back to DotProductAttention.
+    """
+    import torch.nn.functional as F
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    class SDPAttention(DotProductAttention):
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None):
+            if (self.softmax_offset is not None or self.scale_mask_softmax.window_size is not None
+                    or (self.training and self.attention_dropout.p > 0)):
+                return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
+                                       packed_seq_params)
+            assert packed_seq_params is None and attention_bias is None, \
+                "SDPAttention: no packed sequences or attention bias"
+            sq, b, heads, hn = query.shape
+            sk, groups = key.shape[0], heads // key.shape[2]
+            mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+            # DotProductAttention divides its scale by the query-key layer-scaling coefficient
+            # and multiplies the scores by it again in the softmax.
+            scale = self.softmax_scale * (self.scale_mask_softmax.scale or 1.0)
+            # [s, b, n, hn] -> [b, n, s, hn]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            bias, causal = None, False
+            if attention_mask is not None:
+                bias = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device)
+                bias.masked_fill_(attention_mask, max(torch.finfo(q.dtype).min, -1e30))
+            elif mask_type == AttnMaskType.causal and sq > 1:
+                if sq == sk:
+                    causal = True
+                else:   # queries are the last sq positions
+                    bias = torch.zeros(sq, sk, dtype=q.dtype, device=q.device)
+                    bias.masked_fill_(torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(sk - sq + 1),
+                                      max(torch.finfo(q.dtype).min, -1e30))
+            if groups > 1 and sq == 1:
+                q = q.reshape(b, heads // groups, groups, hn)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+                out = out.reshape(b, heads, 1, hn)
+            else:
+                if groups > 1:
+                    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal,
+                                                     scale=scale)
+            # [b, n, sq, hn] -> [sq, b, n * hn]
+            return out.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+
+    return SDPAttention
 
 
 def _check_parallel(cfg: PolicyModelConfig) -> None:
@@ -83,7 +155,7 @@ def _gpt(cfg: PolicyModelConfig, post_process: bool, tie: bool) -> GPTModel:
     from megatron.core.models.gpt import GPTModel
 
     model = GPTModel(
-        config=transformer_config(cfg), transformer_layer_spec=layer_spec(),
+        config=transformer_config(cfg), transformer_layer_spec=layer_spec(cfg),
         vocab_size=cfg.padded_vocab_size, max_sequence_length=cfg.max_seq_len,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=post_process,
         parallel_output=True, share_embeddings_and_output_weights=tie,
