@@ -133,3 +133,24 @@ def test_pipeline_refuses_a_bad_shard_count(tmp_path):
     proc = subprocess.run(["bash", str(TEMPLATES / "pipeline.sh"), "t", "c", str(tmp_path / "r"), "zero"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: SHARDS must be a positive integer, got 'zero'"
+
+
+def test_train_template_trains_with_the_reward_pool_in_one_job(slurm, tmp_path, cache_dir):
+    """train.sbatch under srun --mpi=pmix: rank 0 trains, ranks 1-2 score its episodes; a
+    second submission of the finished run resumes it and trains nothing twice."""
+    from hpc.results.training import read_steps, read_trajectories
+    from tests.test_train import small_config
+
+    config = small_config(tmp_path, stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
+                                            {"name": "measure", "kind": "measure", "steps": 1}])
+    run = tmp_path / "run"
+    env = {"HPC_CONFIG": str(config), "HPC_OUT": str(run), "HPC_PYTHON": sys.executable,
+           "HPC_CACHE_DIR": str(cache_dir)}
+    for attempt in range(2):
+        job = sbatch(TEMPLATES / "train.sbatch", tmp_path, env, "--ntasks=3", "--export=ALL")
+        state = wait_for_job(job)
+        log = (tmp_path / f"{job}.out").read_text()
+        assert state == "COMPLETED", log
+    assert [r["step"] for r in read_steps(run / "train.h5")] == [1, 2, 3]
+    assert len(read_trajectories(run / "train.h5", step=3)) == 2
+    assert "trained 3 steps" in log

@@ -112,3 +112,49 @@ class PoolBackend:
         result = self.client.request(item)
         self.served[result.rank] += 1
         return EvalRecord(**result.record)
+
+
+def state_digest(candidate_dir: Path) -> str:
+    """sha256 over a candidate folder's files (relative paths and bytes)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(candidate_dir).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(candidate_dir).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+class CachedBackend:
+    """Another backend's records, each (task, state, tool) evaluated once: RL samples the same
+    solution many times, and re-timing it would only let noise pick its reward. Thread-safe; a
+    state being evaluated is waited for, not evaluated twice."""
+
+    def __init__(self, backend: EvalBackend):
+        self.backend, self.config = backend, backend.config
+        self._records: dict[tuple[str, str, str], EvalRecord] = {}
+        self._busy: dict[tuple[str, str, str], threading.Event] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def evaluate(self, task: Task, candidate_dir: Path, tool: str) -> EvalRecord:
+        key = (task.sha256, state_digest(candidate_dir), tool)
+        while True:
+            with self._lock:
+                if key in self._records:
+                    self.hits += 1
+                    return self._records[key]
+                waiting = self._busy.get(key)
+                if waiting is None:
+                    self._busy[key] = threading.Event()
+                    self.misses += 1
+                    break
+            waiting.wait()
+        try:
+            rec = self.backend.evaluate(task, candidate_dir, tool)
+            with self._lock:
+                self._records[key] = rec
+            return rec
+        finally:
+            with self._lock:
+                self._busy.pop(key).set()

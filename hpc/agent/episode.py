@@ -123,9 +123,10 @@ class Episode:
     """One task, one workdir under `root`, one backend; see the module docstring."""
 
     def __init__(self, task: Task, backend: EvalBackend, cfg: AgentConfig, root: str | Path,
-                 count_tokens: Callable[[str], int] = approx_tokens):
+                 count_tokens: Callable[[str], int] = approx_tokens, system_in_context: bool = True):
         self.task, self.backend, self.cfg = task, backend, cfg
         self.count_tokens = count_tokens
+        self.system_in_context = system_in_context   # False: the policy's prompt leaves the instructions out
         self.t0 = time.monotonic()
         instructions = render_instructions(backend.config, cfg)
         self.workdir = EpisodeWorkdir(Path(root), task, instructions)
@@ -277,7 +278,8 @@ class Episode:
 
     def _append(self, role: str, content: str) -> None:
         self.messages.append({"role": role, "content": content})
-        self._tokens.append(self.count_tokens(content) + MESSAGE_OVERHEAD_TOKENS)
+        counted = role != "system" or self.system_in_context
+        self._tokens.append(self.count_tokens(content) + MESSAGE_OVERHEAD_TOKENS if counted else 0)
 
     def _check_limits(self) -> None:
         if self.done:

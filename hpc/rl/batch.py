@@ -1,7 +1,7 @@
 """A batch of sampled completions as the tensors an update works on.
 
-Row i is prompt i (left-padded, as the sampler laid it out) followed by its completion
-(right-padded). Per-token tensors are over the T - 1 next-token targets: position t holds what
+Row i is one whole sequence (a prompt and its completion, or a multi-turn trajectory: prompt,
+reply, tool results, reply, ...), right-padded. Per-token tensors are over the T - 1 next-token targets: position t holds what
 concerns token t + 1 (its log-prob given tokens 0..t, the critic's value at t). `action_mask`
 marks the targets the policy generated, the only ones a loss sees.
 """
@@ -27,26 +27,41 @@ class RolloutBatch:
         return self.action_mask.sum(dim=1)
 
 
+def pack(sequences: Sequence[Sequence[int]], generated: Sequence[Sequence[bool]],
+         logprobs: Sequence[Sequence[float]], rewards: Sequence[float], pad_id: int,
+         device: torch.device | str = "cpu") -> RolloutBatch:
+    """Lay out whole sequences, right-padded: `generated[i][t]` marks the tokens the policy
+    sampled (the only ones trained on), `logprobs[i][t]` the sampler's log-prob of token t (any
+    value where not generated)."""
+    if not len(sequences) == len(generated) == len(logprobs) == len(rewards):
+        raise ValueError("sequences, generated, logprobs and rewards differ in length")
+    if any(not len(s) == len(g) == len(lp) for s, g, lp in zip(sequences, generated, logprobs)):
+        raise ValueError("a sequence, its generated mask and its log-probs differ in length")
+    batch, total = len(sequences), max(max((len(s) for s in sequences), default=0), 2)
+    tokens = torch.full((batch, total), pad_id, dtype=torch.long)
+    pad = torch.ones(batch, total, dtype=torch.bool)
+    action = torch.zeros(batch, total)
+    old = torch.zeros(batch, total)
+    for i, (s, g, lp) in enumerate(zip(sequences, generated, logprobs)):
+        n = len(s)
+        tokens[i, :n] = torch.tensor(list(s), dtype=torch.long)
+        pad[i, :n] = False
+        action[i, :n] = torch.tensor([float(x) for x in g])
+        old[i, :n] = torch.tensor(list(lp), dtype=torch.float32) * action[i, :n]
+    # Target t + 1 sits at position t: shift the per-token tensors left by one.
+    return RolloutBatch(tokens.to(device), pad.to(device), action[:, 1:].contiguous().to(device),
+                        old[:, 1:].contiguous().to(device),
+                        torch.tensor(list(rewards), dtype=torch.float32, device=device))
+
+
 def make_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                logprobs: Sequence[Sequence[float]], rewards: Sequence[float], pad_id: int,
                device: torch.device | str = "cpu") -> RolloutBatch:
-    """Lay out prompts and completions (token ids, with the sampler's log-probs) for an update."""
+    """Single-turn samples (a prompt, then its completion with the sampler's log-probs) for an update."""
     if not len(prompts) == len(completions) == len(logprobs) == len(rewards):
         raise ValueError("prompts, completions, logprobs and rewards differ in length")
     if any(len(c) != len(lp) for c, lp in zip(completions, logprobs)):
         raise ValueError("a completion and its log-probs differ in length")
-    width = max(len(p) for p in prompts)
-    total = width + max(max((len(c) for c in completions), default=0), 1)
-    batch = len(prompts)
-    tokens = torch.full((batch, total), pad_id, dtype=torch.long)
-    pad = torch.ones(batch, total, dtype=torch.bool)
-    action = torch.zeros(batch, total - 1)
-    old = torch.zeros(batch, total - 1)
-    for i, (p, c, lp) in enumerate(zip(prompts, completions, logprobs)):
-        tokens[i, width - len(p):width] = torch.tensor(list(p), dtype=torch.long)
-        tokens[i, width:width + len(c)] = torch.tensor(list(c), dtype=torch.long)
-        pad[i, width - len(p):width + len(c)] = False
-        action[i, width - 1:width - 1 + len(c)] = 1.0
-        old[i, width - 1:width - 1 + len(c)] = torch.tensor(list(lp), dtype=torch.float32)
-    return RolloutBatch(tokens.to(device), pad.to(device), action.to(device), old.to(device),
-                        torch.tensor(list(rewards), dtype=torch.float32, device=device))
+    return pack([list(p) + list(c) for p, c in zip(prompts, completions)],
+                [[False] * len(p) + [True] * len(c) for p, c in zip(prompts, completions)],
+                [[0.0] * len(p) + list(lp) for p, lp in zip(prompts, logprobs)], rewards, pad_id, device)

@@ -30,6 +30,7 @@ class RLConfig:
     entropy_coef: float = 0.0
     actor_lr: float = 3e-6
     critic_lr: float = 6e-6
+    whiten_advantages: bool = True  # ppo: GAE advantages to zero mean, unit variance over the batch (as verl)
     group_size: int = 8             # samples per task (GRPO's group)
     grpo_scale: bool = True         # divide by the group's std
 

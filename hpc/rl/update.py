@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hpc.rl.advantages import broadcast_to_tokens, gae, group_normalized, last_token_rewards, masked_mean
+from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_token_rewards, masked_mean,
+                               masked_whiten)
 from hpc.rl.batch import RolloutBatch
 from hpc.rl.config import RLConfig
 from hpc.rl.losses import entropy_from_logits, explained_variance, kl_penalty, policy_loss, value_loss
@@ -42,7 +43,10 @@ def _policy_logprobs(policy: torch.nn.Module, batch: RolloutBatch, vocab_size: i
     logits = mask_padded_vocab(logits, vocab_size)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, batch.tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    if with_entropy:
+        return logp, entropy_from_logits(logits)
+    with torch.no_grad():   # the metric only: row by row, not to hold [B, T, V] twice
+        entropy = torch.stack([entropy_from_logits(row) for row in logits.detach()])
     return logp, entropy
 
 
@@ -63,6 +67,9 @@ def advantages(batch: RolloutBatch, cfg: RLConfig, critic: torch.nn.Module | Non
     with torch.no_grad():
         values = _critic_values(critic, batch)
     adv, returns = gae(last_token_rewards(batch.rewards, mask), values, mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        # Without it a batch of mostly failures pushes down the tokens all samples share.
+        adv = masked_whiten(adv, mask)
     return adv, returns, values
 
 
@@ -82,7 +89,7 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
         kl = masked_mean(kl_penalty(logp, ref_logprobs, cfg.kl_kind), mask)
         if cfg.kl_coef > 0:
             loss = loss + cfg.kl_coef * kl
-    if entropy is not None:
+    if cfg.entropy_coef > 0:
         loss = loss - cfg.entropy_coef * masked_mean(entropy, mask)
     actor_opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -100,7 +107,7 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
         critic_opt.step()
         ev = explained_variance(old_values, returns, mask)
     with torch.no_grad():
-        ent = float(masked_mean(entropy, mask)) if entropy is not None else float("nan")
+        ent = float(masked_mean(entropy, mask))
     return UpdateStats(policy_loss=float(loss.detach()), value_loss=float(vloss.detach()),
                        clip_fraction=pstats.clip_fraction, approx_kl=pstats.approx_kl,
                        kl_to_reference=float(kl.detach()), entropy=ent,

@@ -1,0 +1,449 @@
+"""The training loop: the recipe's stages in order, a metrics row per step, checkpoints, resume.
+
+One `Trainer` per trainer process. It owns the policy and the critic (megatron-core models,
+tensor-parallel over its TP group, data-parallel over the rest), their optimizers, and an
+evaluation backend that scores episodes (in this process's sandboxed workers, or on the MPI
+reward pool). Every global step is one of: an SFT step, an RL step (sample episodes, score them,
+update), a rejection-sampling round, a value-pretraining step, or a measurement.
+
+Reproducible resume: each step's tasks and sampling seeds are functions of (seed, step), and
+a checkpoint holds the models, the optimizers, the rejection-sampled data and the position in
+the recipe; the metrics file is cut back to the checkpoint's step. A resumed run therefore
+continues with the same next step (the same tasks and seeds; rewards come from fresh timings).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from hpc.agent.backend import EvalBackend
+from hpc.agent.config import agent_config, agent_config_dict
+from hpc.agent.episode import Episode
+from hpc.errors import UserError
+from hpc.policy.chat import ChatFormat, chat_format
+from hpc.policy.generate import SamplingParams
+from hpc.policy.tokenizer import Tokenizer, load_tokenizer, train_bpe
+from hpc.rl.batch import RolloutBatch, pack
+from hpc.rl.demonstrations import Demonstration, demonstrations
+from hpc.rl.rollout import Sample, rollout
+from hpc.rl.supervised import reference_logprobs, sft_step, value_step
+from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config_dict
+from hpc.rl.update import update
+from hpc.task import Task, discover_tasks
+
+STATE_FILE = "trainer.json"
+
+
+@dataclass
+class Position:
+    """Where the run is in its recipe: the next step to run is `step + 1`."""
+
+    step: int = 0              # global steps done
+    stage: int = 0             # index of the current stage
+    stage_step: int = 0        # steps done in it
+
+
+def select_tasks(root: str | Path, only: list[str]) -> list[Task]:
+    """The tasks under `root` whose id equals or starts with one of `only` (all when empty)."""
+    tasks = discover_tasks(root)
+    if only:
+        tasks = [t for t in tasks if any(t.task_id == o or t.task_id.startswith(o.rstrip("/") + "/")
+                                         or t.task_id.startswith(o) for o in only)]
+    if not tasks:
+        raise UserError(f"tasks {root}: no task matches {only or 'anything'}")
+    return tasks
+
+
+class DataParallel:
+    """Gradient averaging and metric gathering over the data-parallel group (a no-op alone)."""
+
+    def __init__(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.group = ps.get_data_parallel_group()
+        self.size = ps.get_data_parallel_world_size()
+        self.rank = ps.get_data_parallel_rank()
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.size > 1:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        torch.distributed.all_reduce(p.grad, group=self.group)
+                        p.grad /= self.size
+
+    def gather(self, items: list) -> list:
+        if self.size == 1:
+            return items
+        out: list = [None] * self.size
+        torch.distributed.all_gather_object(out, items, group=self.group)
+        return [x for part in out for x in part]
+
+
+class _Averaged(torch.optim.Optimizer):
+    """An optimizer whose step first averages gradients over data-parallel ranks."""
+
+    def __init__(self, inner: torch.optim.Optimizer, dp: DataParallel):
+        self.inner, self.dp = inner, dp
+        self.param_groups, self.state, self.defaults = inner.param_groups, inner.state, inner.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable | None = None):
+        self.dp.step(self.inner)
+        return self.inner.step(closure)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.inner.load_state_dict(state_dict)
+
+
+class Trainer:
+    """See the module docstring. `backend` scores episodes; `log` receives progress lines."""
+
+    def __init__(self, cfg: TrainConfig, out: str | Path, backend: EvalBackend,
+                 log: Callable[[str], None] = print):
+        from hpc.policy.parallel import init_parallel
+
+        self.cfg, self.out, self.backend, self.log = cfg, Path(out), backend, log
+        self.layout = init_parallel(tensor=cfg.policy.parallel.tensor, seed=cfg.seed)
+        self.is_writer = self.layout.rank == 0
+        self.device = torch.device(self.layout.device)
+        self.dp = DataParallel()
+        self.tasks = select_tasks(cfg.tasks, cfg.only)
+        self.demos: list[Demonstration] = []
+        if any(s.kind == "sft" and s.data == "solutions" for s in cfg.stages) or cfg.tokenizer.startswith(BPE_KINDS):
+            self.demos = demonstrations(self.tasks, cfg.solutions, cfg.eval.backend, cfg.starter_demonstrations)
+        self.tokenizer = self._tokenizer()
+        self.fmt: ChatFormat = chat_format(self.tokenizer, cfg.chat_format, cfg.include_system)
+        self._build_models()
+        self.position = Position()
+        self.rft_samples: list[Sample] = []
+        self.reference: torch.nn.Module | None = None
+        self._resume()
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _tokenizer(self) -> Tokenizer:
+        spec = self.cfg.tokenizer
+        if not spec.startswith(BPE_KINDS):
+            return load_tokenizer(spec)
+        folder = self.out / "tokenizer"
+        if self.is_writer and not (folder / "tokenizer.json").exists():
+            texts = [self._prompt_text(d.task) for d in self.demos] + [d.reply for d in self.demos]
+            kind, _, size = spec.partition(":")
+            train_bpe(texts, int(size), folder, split_words=kind == "bpe")
+        self._barrier()
+        return load_tokenizer(folder)
+
+    def _prompt_text(self, task: Task) -> str:
+        from hpc.agent.instructions import task_prompt
+
+        return task_prompt(task, self.cfg.eval, agent_config(agent_config_dict(self.cfg.agent), mode="single_turn"))
+
+    def _build_models(self) -> None:
+        from hpc.policy import model
+
+        cfg = self.cfg
+        init = Path(cfg.init) if cfg.init else None
+        if init is not None and (init / "config.json").exists():
+            from hpc.policy.hf_convert import hf_policy_config
+
+            mcfg = hf_policy_config(init, tensor=cfg.policy.parallel.tensor)
+        else:
+            mcfg = copy.deepcopy(cfg.policy)
+            if init is None:
+                mcfg.vocab_size = self.tokenizer.vocab_size
+        if mcfg.vocab_size < self.tokenizer.vocab_size:
+            raise UserError(f"tokenizer {cfg.tokenizer}: {self.tokenizer.vocab_size} tokens, the policy has "
+                            f"{mcfg.vocab_size}")
+        mcfg.validate(self.layout.world_size)
+        self.model_cfg = mcfg
+        torch.manual_seed(cfg.seed)
+        self.policy = model.build_policy(mcfg).to(self.device)
+        if init is not None and (init / "config.json").exists():
+            from hpc.policy.hf_convert import load_hf
+
+            load_hf(self.policy, init, mcfg)
+        elif init is not None:
+            from hpc.policy.checkpoint import load_checkpoint
+
+            load_checkpoint(init, self.policy)
+        self.critic = model.build_critic(mcfg).to(self.device)
+        if init is not None:
+            state = model.critic_state_from_policy(self.policy.state_dict())
+            self.critic.load_state_dict(state, strict=False)
+        self.actor_opt = _Averaged(torch.optim.AdamW(self.policy.parameters(), lr=cfg.rl.actor_lr,
+                                                     weight_decay=0.0), self.dp)
+        self.critic_opt = _Averaged(torch.optim.AdamW(self.critic.parameters(), lr=cfg.rl.critic_lr,
+                                                      weight_decay=0.0), self.dp)
+
+    def _frozen_copy(self) -> torch.nn.Module:
+        """A second policy holding the current weights, without gradients (megatron modules hold
+        process groups, so they are rebuilt rather than deep-copied)."""
+        from hpc.policy import model
+
+        ref = model.build_policy(self.model_cfg).to(self.device)
+        ref.load_state_dict(self.policy.state_dict())
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    # -- checkpoints ------------------------------------------------------------------------
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.out / "checkpoints"
+
+    def _resume(self) -> None:
+        from hpc.policy.checkpoint import latest_step, load_checkpoint
+
+        step = latest_step(self.checkpoint_root / "policy")
+        if step is None:
+            return
+        load_checkpoint(self.checkpoint_root / "policy", self.policy, self.actor_opt.inner, step)
+        load_checkpoint(self.checkpoint_root / "critic", self.critic, self.critic_opt.inner, step)
+        state = json.loads((self.checkpoint_root / f"{STATE_FILE}.{step}").read_text())
+        self.position = Position(**state["position"])
+        rft = self.checkpoint_root / f"rft.{step}.pt"
+        if rft.exists():
+            self.rft_samples = torch.load(rft, weights_only=False)
+        if state.get("reference"):
+            self.reference = self._frozen_copy()
+            load_checkpoint(self.checkpoint_root / "reference", self.reference, None, step)
+        if self.position.stage >= len(self.cfg.stages):
+            self.log(f"the run is complete ({self.position.step} steps): nothing to train")
+        else:
+            self.log(f"resumed at step {self.position.step} (stage {self.cfg.stages[self.position.stage].name}, "
+                     f"step {self.position.stage_step} of it)")
+
+    def save(self) -> Path:
+        """Checkpoint the models, the optimizers and the run's position (collective)."""
+        from hpc.policy.checkpoint import save_checkpoint
+
+        step = self.position.step
+        root = self.checkpoint_root
+        save_checkpoint(root / "policy", step, self.policy, self.actor_opt.inner, self.model_cfg)
+        save_checkpoint(root / "critic", step, self.critic, self.critic_opt.inner, self.model_cfg)
+        if self.reference is not None:
+            save_checkpoint(root / "reference", step, self.reference, None, self.model_cfg)
+        if self.is_writer:
+            if self.rft_samples:
+                torch.save(self.rft_samples, root / f"rft.{step}.pt")
+            state = {"position": vars(self.position), "reference": self.reference is not None,
+                     "config": train_config_dict(self.cfg)}
+            tmp = root / f"{STATE_FILE}.{step}.tmp"
+            tmp.write_text(json.dumps(state, indent=1, default=str))
+            os.replace(tmp, root / f"{STATE_FILE}.{step}")
+        self._barrier()
+        return root / "policy"
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, on_step: Callable[[dict[str, Any], list[Sample]], None] | None = None) -> Position:
+        """Run the recipe from where it stands to its end; `on_step(metrics, samples)` after each
+        step (metrics rows and trajectories go to the results file there)."""
+        cfg, pos = self.cfg, self.position
+        while pos.stage < len(cfg.stages):
+            stage = cfg.stages[pos.stage]
+            if pos.stage_step == 0:
+                self._enter(stage)
+            t0 = time.monotonic()
+            self._set_lr(stage)
+            metrics, samples = self._step(stage)
+            pos.step += 1
+            pos.stage_step += 1
+            metrics.update(step=pos.step, stage=stage.name, stage_step=pos.stage_step,
+                           step_s=time.monotonic() - t0, timestamp=time.time())
+            if pos.stage_step == stage.steps:   # a checkpoint holds the next step's position
+                pos.stage += 1
+                pos.stage_step = 0
+            if on_step is not None:
+                on_step(metrics, samples)
+            if pos.step % cfg.checkpoint_every == 0 or pos.stage == len(cfg.stages):
+                self.save()
+        return pos
+
+    def _stage_lr(self, stage: StageConfig) -> float:
+        lr = stage.lr or (self.cfg.rl.critic_lr if stage.kind == "value" else self.cfg.rl.actor_lr)
+        if stage.lr_end > 0:
+            lr += (stage.lr_end - lr) * self.position.stage_step / max(1, stage.steps - 1)
+        return lr
+
+    def _set_lr(self, stage: StageConfig) -> float:
+        lr = self._stage_lr(stage)
+        for group in (self.critic_opt if stage.kind == "value" else self.actor_opt).param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _enter(self, stage: StageConfig) -> None:
+        lr = self._set_lr(stage)
+        if stage.kind == "ppo":
+            for group in self.critic_opt.param_groups:
+                group["lr"] = self.cfg.rl.critic_lr
+            self.reference = self._frozen_copy()   # KL is measured against the policy the stage began with
+        self.log(f"stage {stage.name}: {stage.kind}, {stage.steps} steps, lr {lr:g}")
+
+    def _step(self, stage: StageConfig) -> tuple[dict[str, Any], list[Sample]]:
+        if stage.kind == "sft":
+            return self._sft(stage), []
+        if stage.kind == "value":
+            return self._value(stage), []
+        samples, metrics = self._sample(stage)
+        t0 = time.monotonic()
+        if stage.kind == "ppo":
+            metrics.update(self._ppo(samples, stage.samples_per_task or self.cfg.rl.group_size))
+        elif stage.kind == "rft":
+            self.rft_samples += samples
+            kept = [s for s in self.rft_samples if _keep(s, stage.min_reward)]
+            metrics["samples_kept"] = len(kept)
+        metrics["update_s"] = time.monotonic() - t0
+        return metrics, samples
+
+    def _rng(self, salt: int = 0) -> random.Random:
+        return random.Random(self.cfg.seed * 1_000_003 + (self.position.step + 1) * 7919 + salt)
+
+    # -- supervised steps ---------------------------------------------------------------------
+    def _sft_data(self, stage: StageConfig) -> list[tuple[list[int], list[bool]]]:
+        if stage.data == "solutions":
+            out = []
+            for d in self.demos:
+                prompt = self.fmt.render(_first_messages(d.task, self))
+                reply = self.tokenizer.encode(d.reply) + [self.fmt.stop_id]
+                out.append((prompt + reply, [False] * len(prompt) + [True] * len(reply)))
+            return out
+        kept = [s for s in self.rft_samples if _keep(s, self._rft_stage().min_reward)]
+        if not kept:
+            raise UserError(f"stage {stage.name}: rejection sampling kept no trajectory (none with reward > "
+                            f"{self._rft_stage().min_reward} and no loop or malformed call)")
+        return [(s.tokens, s.generated) for s in kept]
+
+    def _rft_stage(self) -> StageConfig:
+        return [s for s in self.cfg.stages[:self.position.stage] if s.kind == "rft"][-1]
+
+    def _minibatch(self, data: list, size: int, salt: int) -> list:
+        rng = self._rng(salt)
+        picks = [data[rng.randrange(len(data))] for _ in range(size)]
+        return picks[self.dp.rank::self.dp.size] or picks[:1]
+
+    def _sft(self, stage: StageConfig) -> dict[str, Any]:
+        rows = self._minibatch(self._sft_data(stage), stage.batch_size, 1)
+        batch = pack([r[0] for r in rows], [r[1] for r in rows], [[0.0] * len(r[0]) for r in rows],
+                     [0.0] * len(rows), self.tokenizer.pad_id, self.device)
+        t0 = time.monotonic()
+        loss = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size)
+        return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows)}
+
+    def _value(self, stage: StageConfig) -> dict[str, Any]:
+        rows = self._minibatch(self.rft_samples, stage.batch_size, 2)
+        batch = _batch(rows, self.tokenizer.pad_id, self.device)
+        t0 = time.monotonic()
+        loss, ev = value_step(self.critic, self.critic_opt, batch)
+        return {"value_loss": loss, "explained_variance": ev, "update_s": time.monotonic() - t0,
+                "samples": len(rows)}
+
+    # -- sampling and RL ----------------------------------------------------------------------
+    def _step_tasks(self) -> list[Task]:
+        n = min(self.cfg.rollout.tasks_per_step, len(self.tasks))
+        picked = self._rng(3).sample(self.tasks, n)
+        return picked[self.dp.rank::self.dp.size] or picked[:1]
+
+    def _sample(self, stage: StageConfig) -> tuple[list[Sample], dict[str, Any]]:
+        cfg = self.cfg
+        agent = agent_config(agent_config_dict(cfg.agent), mode=stage.mode)
+        group = stage.samples_per_task or cfg.rl.group_size
+        tasks = self._step_tasks()
+        folder = self.out / "episodes" / f"step_{self.position.step + 1:06d}_rank{self.layout.rank}"
+        shutil.rmtree(folder, ignore_errors=True)
+        episodes, groups = [], []
+        count = lambda text: len(self.tokenizer.encode(text))  # noqa: E731
+        for g, task in enumerate(tasks):
+            for k in range(group):
+                episodes.append(Episode(task, self.backend, agent, folder / f"{g:03d}_{k:03d}", count_tokens=count,
+                                        system_in_context=cfg.include_system))
+                groups.append(g)
+        params = SamplingParams(max_new_tokens=agent.max_response_tokens, temperature=cfg.rollout.temperature,
+                                top_p=cfg.rollout.top_p, seed=self._rng(4).randrange(1 << 30))
+        try:
+            samples, stats = rollout(self.policy, self.model_cfg, self.fmt, episodes, groups, params,
+                                     cfg.rollout.concurrency)
+        finally:
+            for e in episodes:
+                e.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        everything = self.dp.gather([_outcome(s, cfg.eval.reward.margin) for s in samples])
+        rewards = [o["reward"] for o in everything]
+        metrics: dict[str, Any] = {
+            "samples": len(everything),
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            "pass_rate": statistics.fmean(o["correct"] for o in everything),
+            "faster_than_eager_rate": statistics.fmean(o["faster_eager"] for o in everything),
+            "faster_than_compile_rate": statistics.fmean(o["faster_compile"] for o in everything),
+            "response_length_mean": statistics.fmean(o["generated"] for o in everything),
+            "response_clipped_ratio": sum(o["clipped"] for o in everything) / max(1, sum(o["replies"] for o in everything)),
+            "malformed_rate": statistics.fmean(o["malformed"] for o in everything),
+            "turns_mean": statistics.fmean(o["replies"] for o in everything),
+            "tokens_per_second": stats.generated_tokens / stats.generation_s if stats.generation_s else math.nan,
+            "generation_s": stats.generation_s, "reward_s": stats.tools_s,
+        }
+        return samples, metrics
+
+    def _ppo(self, samples: list[Sample], group: int) -> dict[str, Any]:
+        rl = dataclasses.replace(self.cfg.rl, group_size=group)
+        batch = _batch(samples, self.tokenizer.pad_id, self.device)
+        ref = reference_logprobs(self.reference, batch, self.model_cfg.vocab_size) if self.reference is not None else None
+        stats = update(self.policy, self.actor_opt, batch, rl, self.model_cfg.vocab_size,
+                       critic=self.critic if rl.algorithm == "ppo" else None,
+                       critic_opt=self.critic_opt if rl.algorithm == "ppo" else None, ref_logprobs=ref)
+        out = stats.as_dict()
+        out.pop("reward_mean")
+        return out
+
+    def _barrier(self) -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+
+def _first_messages(task: Task, trainer: Trainer) -> list[dict[str, str]]:
+    """The system and user messages a single-turn episode of `task` starts with."""
+    from hpc.agent.instructions import render_instructions
+
+    agent = agent_config(agent_config_dict(trainer.cfg.agent), mode="single_turn")
+    return [{"role": "system", "content": render_instructions(trainer.cfg.eval, agent)},
+            {"role": "user", "content": trainer._prompt_text(task)}]
+
+
+def _keep(sample: Sample, min_reward: float) -> bool:
+    """Rejection sampling's filter: reward above the bar, no loop, no malformed call."""
+    t = sample.trajectory
+    return (sample.reward > min_reward and t is not None and not t.loop_detected and t.malformed_calls == 0
+            and sample.generated_tokens > 0)
+
+
+def _outcome(sample: Sample, margin: float) -> dict[str, Any]:
+    rec = sample.trajectory.record if sample.trajectory is not None else {}
+    correct = bool(rec.get("correct"))
+    return {"reward": sample.reward, "correct": correct,
+            "faster_eager": correct and (rec.get("speedup_eager") or 0) > 1 + margin,
+            "faster_compile": correct and (rec.get("speedup_compile") or 0) > 1 + margin,
+            "generated": sample.generated_tokens, "clipped": sample.clipped_replies, "replies": sample.replies,
+            "malformed": bool(sample.trajectory and sample.trajectory.malformed_calls)}
+
+
+def _batch(samples: list[Sample], pad_id: int, device: torch.device) -> RolloutBatch:
+    return pack([s.tokens for s in samples], [s.generated for s in samples], [s.logprobs for s in samples],
+                [s.reward for s in samples], pad_id, device)
