@@ -12,6 +12,7 @@
 #         quality     timing spread over repeated evaluations and the eager-identical bias
 #         throughput  candidates per minute of one process, cold and warm caches, level 1
 #         pool        candidates per minute per GPU through the MPI pool (POOL_ARGS adds flags)
+#         train       the trainer on the GPU at the 0.5B shape (configs/train/h200-smoke.yaml; needs megatron-core)
 #         policy      the megatron policy: training tokens/s and MFU, rollout tokens/s vs HF generate
 #                     (benchmarks/policy_speed.py at the 0.5b preset; POLICY_ARGS adds flags)
 # The baseline cache ($HPC_CACHE_DIR/baselines) goes back as cache.tgz, so a later call can carry it.
@@ -42,6 +43,7 @@ for spec in "$@"; do
         quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json" ${QUALITY_ARGS:-}) ;;
         throughput) cmd=(python3 benchmarks/eval_throughput.py --backend cuda --only level1
                          --out "$out/throughput.json") ;;
+        train) cmd=(python3 jobs/train.py --config configs/train/h200-smoke.yaml --out "$out/train") ;;
         pool) cmd=(python3 benchmarks/pool_throughput.py --backend cuda --only level1 --out "$out/pool.json"
                    --keep "$out/pool" ${POOL_ARGS:-}) ;;
         policy) cmd=(python3 benchmarks/policy_speed.py --device cuda --preset 0.5b --out "$out/policy.json"
