@@ -160,6 +160,8 @@ def train(config: str, out: str, pool: bool = False, trainers: int = 1, quiet: b
     """Load the config and train (here, or as this MPI rank's role)."""
     from hpc.rl.train_config import load_train_config
 
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
     cfg = load_train_config(config)
     if pool:
         return _pool(cfg, Path(out), trainers, quiet)

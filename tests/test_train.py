@@ -73,6 +73,18 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
                                                "measure, got 'tune'"]
 
 
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = [(["--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "run")], "missing.yaml"),
+             (["--config", str(DEFAULT), "--out", str(tmp_path / "file")], "exists and is not a folder"),
+             (["--out", str(tmp_path / "run")], "the following arguments are required: --config")]
+    for args, message in cases:
+        out = _run([sys.executable, "jobs/train.py", *args], timeout=120)
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
 def test_the_embedded_default_raises_the_mean_reward(tmp_path):
     """README command 1: SFT warm-up, then PPO against the real CPU evaluator; the reward after
     training is measurably above the reward before (same tasks, as many samples, fixed seeds)."""
