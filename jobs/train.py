@@ -130,7 +130,9 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
             _exit_now(0)
         return None
     # torch.distributed among the trainers: rendezvous at the first trainer's host.
-    address = roles.bcast((socket.gethostname(), _free_port()) if roles.Get_rank() == 0 else None, root=0)
+    from hpc.policy.parallel import free_port
+
+    address = roles.bcast((socket.gethostname(), free_port("")) if roles.Get_rank() == 0 else None, root=0)
     node = roles.Split_type(MPI.COMM_TYPE_SHARED)
     os.environ.update(RANK=str(roles.Get_rank()), WORLD_SIZE=str(roles.Get_size()), LOCAL_RANK=str(node.Get_rank()),
                       MASTER_ADDR=address[0], MASTER_PORT=str(address[1]))
@@ -142,12 +144,6 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
     finally:
         if not coordinator.close():
             _exit_now(1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _exit_now(code: int) -> None:

@@ -62,7 +62,7 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
         port = int(env.get("MASTER_PORT") or 20000 + job % 20000)
         return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
                          addr, port)
-    return LaunchEnv(0, 1, 0, "127.0.0.1", _free_port())
+    return LaunchEnv(0, 1, 0, "127.0.0.1", free_port())
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -86,9 +86,10 @@ def first_slurm_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free now on `host` ("" for every interface: a rendezvous other nodes reach)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -150,7 +151,7 @@ def run_local(fn: Callable[..., Any], nprocs: int, *args: Any, threads_per_proc:
     `fn` must be importable (a module-level function). Raises if any process fails."""
     import torch.multiprocessing as mp
 
-    port = _free_port()
+    port = free_port()
     mp.start_processes(_local_entry, args=(fn, nprocs, port, threads_per_proc, args), nprocs=nprocs,
                        join=True, start_method="spawn")
 

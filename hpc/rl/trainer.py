@@ -60,8 +60,7 @@ def select_tasks(root: str | Path, only: list[str]) -> list[Task]:
     """The tasks under `root` whose id equals or starts with one of `only` (all when empty)."""
     tasks = discover_tasks(root)
     if only:
-        tasks = [t for t in tasks if any(t.task_id == o or t.task_id.startswith(o.rstrip("/") + "/")
-                                         or t.task_id.startswith(o) for o in only)]
+        tasks = [t for t in tasks if any(t.task_id.startswith(o) for o in only)]
     if not tasks:
         raise UserError(f"tasks {root}: no task matches {only or 'anything'}")
     return tasks
