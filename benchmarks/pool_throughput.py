@@ -4,12 +4,15 @@ An RL step hands the pool many distinct candidates for tasks it has seen before.
 `--candidates` distinct workdirs from the shipped solutions of the selected tasks (each a copy
 with a marker comment in its kernels: new content, a real compile, nothing cached but the task's
 eager and torch.compile baselines), warms those baselines once, then runs
-`mpirun -n 2 python -m mpi4py -m hpc.pool` (one coordinator, one worker rank on one GPU) for
-each `--concurrency`, on its own fresh candidate set, side by side in one run. The figure is
+`mpirun -n 2 --bind-to B python -m mpi4py -m hpc.pool` (one coordinator, one worker rank on one
+GPU) for each combination of `--concurrency`, `--prestart` and `--bind` (Open MPI's default for
+2 ranks is `core`: the worker rank and every process it starts on one core), each on its own
+fresh candidate set, side by side in one run. The figure is
 candidates / wall time of the whole mpirun, startup included, and the stage totals say where
 the time went.
 
-    python benchmarks/pool_throughput.py --backend cuda --only level1 --candidates 26 --concurrency 1,4
+    python benchmarks/pool_throughput.py --backend cuda --only level1 --candidates 26 --concurrency 1,4 \
+        --prestart 0,1 --bind none
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ def candidate_set(root: Path, tasks: list, solutions: Path, count: int, tag: str
     return task_dir, cand_dir
 
 
-def run_pool(tasks: Path, candidates: Path, out: Path, backend: str, concurrency: int, log: Path) -> float:
-    cmd = ["mpirun", "-n", "2", "--enable-recovery", sys.executable, "-m", "mpi4py", "-m", "hpc.pool",
-           str(tasks), str(candidates), "--out", str(out), "--backend", backend,
-           "--concurrency", str(concurrency)]
+def run_pool(tasks: Path, candidates: Path, out: Path, backend: str, concurrency: int, prestart: int, bind: str,
+             log: Path) -> float:
+    cmd = ["mpirun", "-n", "2", "--bind-to", bind, "--enable-recovery", sys.executable, "-m", "mpi4py",
+           "-m", "hpc.pool", str(tasks), str(candidates), "--out", str(out), "--backend", backend,
+           "--concurrency", str(concurrency), "--prestart", str(prestart)]
     started = time.perf_counter()
     with log.open("w") as f:
         proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **MPI_ENV, "PYTHONPATH": str(ROOT)}, stdout=f,
@@ -75,13 +79,17 @@ def main() -> None:
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
     ap.add_argument("--candidates", type=int, default=26, help="distinct candidates per concurrency setting")
     ap.add_argument("--concurrency", default="1,4", help="comma-separated evaluations at once on the worker rank")
+    ap.add_argument("--prestart", default="1", help="comma-separated: evaluations whose processes start ahead "
+                                                     "(each combined with each --concurrency; 0: none)")
+    ap.add_argument("--bind", default="none", help="comma-separated Open MPI --bind-to values (none, core...)")
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     ap.add_argument("--keep", default="", help="keep the candidate sets, logs and HDF5 here")
     ap.add_argument("--skip-warm", action="store_true", help="the baselines are cached already (carried cache)")
     args = ap.parse_args()
-    settings = [int(c) for c in args.concurrency.split(",")]
-    if args.candidates < 1 or not settings or min(settings) < 1:
-        raise SystemExit("--candidates and every --concurrency must be >= 1")
+    settings = [(int(c), int(p), b) for c in args.concurrency.split(",") for p in args.prestart.split(",")
+                for b in args.bind.split(",")]
+    if args.candidates < 1 or not settings or min(s[0] for s in settings) < 1 or min(s[1] for s in settings) < 0:
+        raise SystemExit("--candidates and every --concurrency must be >= 1, every --prestart >= 0")
     tasks = [t for t in discover_tasks(Path(args.tasks)) if (not args.only or any(
         t.task_id.startswith(p) for p in args.only)) and find_candidate(t, Path(args.solutions))]
     if not tasks:
@@ -93,21 +101,24 @@ def main() -> None:
 
     if not args.skip_warm:
         warm_tasks, warm_cands = candidate_set(work / "warm", tasks, Path(args.solutions), len(tasks), "warm")
-        wall = run_pool(warm_tasks, warm_cands, work / "warm.h5", args.backend, 4, work / "warm.log")
+        wall = run_pool(warm_tasks, warm_cands, work / "warm.h5", args.backend, 4, 1, "none", work / "warm.log")
         print(f"baselines warmed: {len(tasks)} tasks in {wall:.0f} s", flush=True)
 
-    print(f"{'concurrency':>11} {'candidates':>10} {'ok':>4} {'wall s':>8} {'per min':>8}  stage totals (s)", flush=True)
-    for c in settings:
-        t_dir, c_dir = candidate_set(work / f"c{c}", tasks, Path(args.solutions), args.candidates, f"c{c}_")
-        out = work / f"c{c}.h5"
-        wall = run_pool(t_dir, c_dir, out, args.backend, c, work / f"c{c}.log")
+    print(f"{'concurrency':>11} {'prestart':>8} {'bind':>5} {'candidates':>10} {'ok':>4} {'wall s':>8} {'per min':>8}  "
+          "stage totals (s)", flush=True)
+    for c, pre, bind in settings:
+        name = f"c{c}p{pre}{bind}"
+        t_dir, c_dir = candidate_set(work / name, tasks, Path(args.solutions), args.candidates, f"{name}_")
+        out = work / f"{name}.h5"
+        wall = run_pool(t_dir, c_dir, out, args.backend, c, pre, bind, work / f"{name}.log")
         records = read_records(out)
         ok = sum(r.status == "ok" for r in records)
         totals = stage_seconds(records)
         rate = len(records) / wall * 60
-        figures["runs"][str(c)] = {"wall_s": round(wall, 1), "evaluated": len(records), "ok": ok,
-                                   "per_min": round(rate, 2), "stage_seconds": totals}
-        print(f"{c:>11} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f}  {totals}", flush=True)
+        figures["runs"][name] = {"concurrency": c, "prestart": pre, "bind": bind, "wall_s": round(wall, 1),
+                                 "evaluated": len(records), "ok": ok, "per_min": round(rate, 2),
+                                 "stage_seconds": totals}
+        print(f"{c:>11} {pre:>8} {bind:>5} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f}  {totals}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
     if not args.keep:

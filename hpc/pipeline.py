@@ -12,10 +12,10 @@ import math
 import os
 import secrets
 import statistics
-import shutil
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.baseline import get_baselines, task_cost, timing_request, timing_setup
@@ -27,6 +27,7 @@ from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import TimingStats
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
+from hpc.sandbox.prestart import WorkerPair, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 from hpc.verify.compare import compare_fingerprints, compare_outputs
@@ -54,12 +55,10 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
         candidate_source=candidate.source_text(), backend=cfg.backend, hardware=device_name(cfg.backend),
         versions=json.dumps(versions()), policy=json.dumps(config["policy"]),
         config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
-    workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
     clock = _StageClock()
     try:
-        _run_stages(rec, task, candidate, cfg, workroot, stop_after, clock)
+        _run_stages(rec, task, candidate, cfg, stop_after, clock)
     finally:
-        shutil.rmtree(workroot, ignore_errors=True)
         rec.stage_seconds = json.dumps(clock.seconds)
     if rec.status == "failed":
         rec.reward = cfg.reward.incorrect
@@ -80,72 +79,38 @@ class _StageClock:
         self._last = now
 
 
-def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, workroot: Path,
-                stop_after: str, clock: _StageClock) -> None:
+def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str,
+                clock: _StageClock) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
               or kernel_defect(candidate.files, cfg.policy.libraries))
     clock.mark("static")
     if defect:
         rec.fail("static", defect)
         return
-    cand_dir, ref_dir = workroot / "candidate", workroot / "reference"
-    model_file = candidate.materialize(cand_dir)
-    ref_dir.mkdir()
-    env, writable = _compile(rec, candidate, cfg, cand_dir)
-    clock.mark("compile")
-    if rec.failed_stage or stop_after == "compile":
+    if stop_after == "compile":
+        with tempfile.TemporaryDirectory(prefix="hpc-compile-") as workroot:
+            _compile(rec, candidate, cfg, candidate.materialize(Path(workroot)).parent)
+        clock.mark("compile")
         return
-    rng = secrets.SystemRandom()
-    base_seed = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
-    init_seed = base_seed
-    trials = [{"seed": base_seed + 1 + k, "distribution": "default"} for k in range(cfg.correctness.trials)]
-    trials += [{"seed": base_seed + 101 + k, "distribution": d} for k, d in enumerate(cfg.correctness.distributions)]
-    trials = [{**t, "index": k} for k, t in enumerate(trials)]
-    timing_seed = base_seed + 1001
-    checked = sorted(rng.sample(range(cfg.timing.iterations), cfg.correctness.timed_checks))
-    rec.seeds = json.dumps({"init": init_seed, "trials": trials, "timing": timing_seed, "timed_checks": checked})
-    setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
-             "device": cfg.backend}
+    seeds = _Seeds.draw(cfg)
+    rec.seeds = json.dumps({"init": seeds.init, "trials": seeds.trials, "timing": seeds.timing,
+                            "timed_checks": seeds.checked})
     lock = DeviceLock(cfg.backend)
-    # Both workers start together: their interpreters and torch imports overlap. At the end they are
-    # killed, not asked to exit: the harness has what it needs, and an orderly exit (interpreter and
-    # CUDA context teardown) took a second or two of every evaluation.
-    with ExitStack() as processes:
-        ref = processes.enter_context(SandboxedProcess("reference", ref_dir, cfg.sandbox, cfg.backend))
-        cand = processes.enter_context(SandboxedProcess("program", cand_dir, cfg.sandbox, cfg.backend, env, writable))
-        processes.callback(lambda: (ref.kill(), cand.kill()))
-        rec.isolation = json.dumps(cand.isolation)
-        try:
-            with lock.shared():
-                ref.request(setup)
-        except SandboxError as e:
-            rec.fail("load", f"reference: {e.reason}", "error")
+    writable = _extension_dir(candidate, cfg)
+    with ExitStack() as stack:
+        pair = worker_pair(cfg.sandbox, cfg.backend, writable)
+        stack.callback(pair.close)
+        stack.callback(pair.kill)   # first: the harness has its results; an orderly exit took seconds
+        model_file = candidate.materialize(pair.candidate_dir)
+        env = _compile(rec, candidate, cfg, pair.candidate_dir)
+        clock.mark("compile")
+        if rec.failed_stage:
             return
-        stage = "load"
-        try:
-            with lock.shared():
-                cand.request({**setup, **timing_setup(cfg), "program": "candidate", "model_file": str(model_file),
-                              "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
-                                         "require_custom_kernel": cfg.policy.require_custom_kernel}})
-            rec.compiled = True
-            clock.mark("load")
-            stage = "correctness"
-            dtypes = _check_correctness(rec, ref, cand, trials, cfg, lock)
-            clock.mark("correctness")
-            if rec.failed_stage or stop_after == "correctness":
-                return
-            stage = "timing"
-            _time_candidate(rec, task, ref, cand, cfg, timing_seed, checked, dtypes, lock)
-            clock.mark("timing")
-            if rec.failed_stage:
-                return
-        except SandboxError as e:
-            clock.mark(stage)
-            _fail_from_sandbox(rec, stage, e, candidate)
+        if not _run_processes(rec, task, candidate, cfg, pair, model_file, env, seeds, lock, stop_after, clock):
             return
     clock.mark("shutdown")
     try:
-        baselines = get_baselines(task, cfg, init_seed, lock)
+        baselines = get_baselines(task, cfg, seeds.init, lock)
     except SandboxError as e:
         rec.fail("baseline", f"baseline failed: {e.reason}", "error")
         return
@@ -162,21 +127,89 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     rec.reward = compute_reward(True, rec.speedup_eager, rec.speedup_compile, cfg.reward)
 
 
-def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: Path):
-    """Workdir: build kernels now, outside the sandbox's reach. Single file: load_inline builds on import."""
-    cache = cfg.cache_path()
+def _extension_dir(candidate: Candidate, cfg: EvalConfig) -> list[Path]:
+    """A single-file candidate's load_inline builds into the cache on import: the one folder
+    outside its workdir that its process may write (so it cannot use a prestarted one)."""
+    if candidate.kind != SINGLE_FILE:
+        return []
+    ext_dir = cfg.cache_path() / "torch_extensions" / candidate.sha256[:32]
+    ext_dir.mkdir(parents=True, exist_ok=True)
+    return [ext_dir]
+
+
+def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: Path) -> dict[str, str]:
+    """Workdir: build kernels now, outside the sandbox's reach. Single file: load_inline builds on
+    import. Returns the environment the candidate's process loads it with."""
     if candidate.kind == SINGLE_FILE:
-        ext_dir = cache / "torch_extensions" / candidate.sha256[:32]
-        ext_dir.mkdir(parents=True, exist_ok=True)
-        return {"TORCH_EXTENSIONS_DIR": str(ext_dir), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}, [ext_dir]
+        return {"TORCH_EXTENSIONS_DIR": str(_extension_dir(candidate, cfg)[0]),
+                "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
-    result = compile_workdir(cand_dir, toolchain, cache, timeout=cfg.compile.timeout_s)
+    result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
     if not result.ok:
         rec.fail("compile", _first_error(result.log))
-        return {}, []
+        return {}
     rec.compiled = True
-    return {"HPC_KERNEL_LIBRARY": str(result.library)}, []
+    return {"HPC_KERNEL_LIBRARY": str(result.library)}
+
+
+@dataclass
+class _Seeds:
+    """Every seed of one evaluation, drawn fresh (unless the config fixes them) and recorded."""
+
+    init: int
+    trials: list[dict]
+    timing: int
+    checked: list[int]   # timed iterations whose outputs are checked against the reference
+
+    @classmethod
+    def draw(cls, cfg: EvalConfig) -> _Seeds:
+        rng = secrets.SystemRandom()
+        base = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
+        trials = [{"seed": base + 1 + k, "distribution": "default"} for k in range(cfg.correctness.trials)]
+        trials += [{"seed": base + 101 + k, "distribution": d} for k, d in enumerate(cfg.correctness.distributions)]
+        return cls(base, [{**t, "index": k} for k, t in enumerate(trials)], base + 1001,
+                   sorted(rng.sample(range(cfg.timing.iterations), cfg.correctness.timed_checks)))
+
+
+def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
+                   model_file: Path, env: dict[str, str], seeds: _Seeds, lock: DeviceLock, stop_after: str,
+                   clock: _StageClock) -> bool:
+    """Load, correctness and timing in the pair's two processes. False when a stage failed or
+    `stop_after` ended the evaluation."""
+    setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": seeds.init,
+             "device": cfg.backend}
+    ref, cand = pair.reference, pair.program
+    rec.isolation = json.dumps(cand.isolation)
+    stage = "load"
+    try:
+        with lock.shared():   # both set up at once; the reference's failure is the task's, reported first
+            ref.send(setup)
+            cand.send({**setup, **timing_setup(cfg), "program": "candidate", "model_file": str(model_file),
+                       "environment": env,
+                       "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
+                                  "require_custom_kernel": cfg.policy.require_custom_kernel}})
+            try:
+                ref.receive("setup")
+            except SandboxError as e:
+                rec.fail("load", f"reference: {e.reason}", "error")
+                return False
+            cand.receive("setup")
+        rec.compiled = True
+        clock.mark("load")
+        stage = "correctness"
+        dtypes = _check_correctness(rec, ref, cand, seeds.trials, cfg, lock)
+        clock.mark("correctness")
+        if rec.failed_stage or stop_after == "correctness":
+            return False
+        stage = "timing"
+        _time_candidate(rec, task, ref, cand, cfg, seeds.timing, seeds.checked, dtypes, lock)
+        clock.mark("timing")
+    except SandboxError as e:
+        clock.mark(stage)
+        _fail_from_sandbox(rec, stage, e, candidate)
+        return False
+    return not rec.failed_stage
 
 
 def _first_error(log: str) -> str:

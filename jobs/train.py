@@ -100,9 +100,11 @@ def _report(out: Path) -> str:
 
 def _local(cfg, out: Path, quiet: bool) -> dict[str, Any]:
     from hpc.agent.backend import CachedBackend, LocalBackend
+    from hpc.sandbox.prestart import prestarted_workers
 
     backend = LocalBackend(cfg.eval)
-    return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend, quiet)
+    with prestarted_workers():
+        return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend, quiet)
 
 
 def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:

@@ -146,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.pool:
             return _pool_main(args, eval_cfg)
         from hpc.agent.backend import LocalBackend
+        from hpc.sandbox.prestart import prestarted_workers
 
-        return run(args, LocalBackend(eval_cfg))
+        with prestarted_workers():
+            return run(args, LocalBackend(eval_cfg))
     except UserError as e:
         if rank == 0:
             print(f"error: {e}", file=sys.stderr)

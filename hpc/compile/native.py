@@ -198,8 +198,9 @@ def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path,
         if defect:
             return CompileResult(False, None, False, time.monotonic() - t0, f"error: {defect}", key,
                                  [s.name for s in sources])
-        staged = Path(cache_dir) / "native" / f".{key}.{os.getpid()}"
-        staged.mkdir()
+        # its own folder: another thread or process may be finishing the same key
+        staged = Path(tempfile.mkdtemp(dir=Path(cache_dir) / "native", prefix=f".{key}."))
+        staged.chmod(0o755)   # as a plain mkdir would have made it
         shutil.move(str(linked), staged / LIBRARY_NAME)
         (staged / "compile.log").write_text(logs)
         try:

@@ -30,11 +30,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take on a worker")
     p.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat before a rank is lost")
     p.add_argument("--retries", type=int, default=1, help="re-runs of a request whose worker rank was lost")
-    p.add_argument("--concurrency", type=int, default=1,
-                   help="evaluations at once per worker rank (they share its device; timings take turns)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="evaluations at once per worker rank (they share its device; timings take turns; "
+                        "default 4 on cuda, 1 on cpu)")
+    p.add_argument("--prestart", type=int, default=None,
+                   help="evaluations whose worker processes start ahead, while others run "
+                        "(0: none; default half of --concurrency, at least 1, with 4 or more cores)")
     args = p.parse_args(argv)
-    if args.concurrency < 1:
+    if args.concurrency is not None and args.concurrency < 1:
         raise UserError(f"--concurrency: must be >= 1, got {args.concurrency}")
+    if args.prestart is not None and args.prestart < 0:
+        raise UserError(f"--prestart: must be >= 0, got {args.prestart}")
     return args
 
 
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.backend == "cuda":
         pin_device(workers)
-    if not run_worker(comm, 0, cfg, concurrency=args.concurrency):
+    if not run_worker(comm, 0, cfg, concurrency=args.concurrency, prestart=args.prestart):
         _exit_now(0)
     return 0
 

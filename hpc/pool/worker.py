@@ -10,6 +10,7 @@ compiler.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from hpc.errors import UserError
 from hpc.pipeline import evaluate
 from hpc.pool.messages import BEAT, BYE, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
 from hpc.results.record import EvalRecord
+from hpc.sandbox.prestart import default_depth, prestarted_workers
 from hpc.task import load_task
 from hpc.verify.static import link_flags
 
@@ -57,14 +59,40 @@ def pin_device(workers_comm) -> str:
     return device
 
 
-def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, concurrency: int = 1) -> bool:
+def warn_if_one_core(rank: int) -> None:
+    """A worker rank's compiles and evaluation processes run on the cores it may use. Open MPI
+    binds each rank to one core when it starts 2 ranks or fewer (and srun binds a rank to
+    --cpus-per-task cores): say so, since all of them on one core take several times longer."""
+    cores, total = len(os.sched_getaffinity(0)), os.cpu_count() or 1
+    if cores == 1 and total > 1:
+        print(f"pool worker rank {rank}: bound to 1 of {total} cores, which its compiles and evaluation "
+              "processes will share (launch with mpirun --bind-to none, or srun --cpus-per-task=N)",
+              file=sys.stderr, flush=True)
+
+
+def default_concurrency(backend: str) -> int:
+    """Evaluations at once on one worker rank: on an H200, 4 at once evaluated 2x as many
+    candidates per minute as 1 (docs/benchmarks.md); a CPU backend's timing wants its cores."""
+    return 4 if backend == "cuda" else 1
+
+
+def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, concurrency: int | None = None,
+               prestart: int | None = None) -> bool:
     """Serve requests from `coordinator` until told to stop.
 
-    Up to `concurrency` requests are evaluated at once on this rank's device (their compiles,
+    Up to `concurrency` (None: `default_concurrency`) requests are evaluated at once on this
+    rank's device (their compiles,
     correctness runs and transfers overlap; each timing holds the device alone through
     hpc.profile.device_lock), and one more waits with its workdir compiling. Returns False when
-    the coordinator said to skip MPI_Finalize (a rank of the job was lost).
+    the coordinator said to skip MPI_Finalize (a rank of the job was lost). `prestart` evaluations'
+    worker processes are kept started ahead (hpc.sandbox.prestart; 0: each starts its own; None:
+    half of `concurrency`, at least one, where the node has the cores: at 4 at once on an H200, 2
+    ahead evaluated 1.6x as many as 1).
     """
+    warn_if_one_core(comm.Get_rank())
+    concurrency = concurrency or default_concurrency(cfg.backend)
+    if prestart is None:
+        prestart = max(1, concurrency // 2) if default_depth() else 0
     stop = threading.Event()
     send_lock = threading.Lock()
 
@@ -82,34 +110,36 @@ def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, con
     running: dict[Future, WorkItem] = {}
     executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="evaluate")
     stopped_by = None
-    try:
-        for _ in range(concurrency + 1):
-            send(None, READY)
-        while True:
-            # take every request that has arrived; block for one only when nothing is running or waiting
-            while stopped_by is None and ((not pending and not running) or comm.Iprobe(source=coordinator, tag=WORK)):
-                item = comm.recv(source=coordinator, tag=WORK)
-                if item in (STOP, STOP_NOW):
-                    stopped_by = item
-                else:
-                    pending.append(item)
-                    precompile(item.candidate, cfg)
-            while pending and len(running) < concurrency:
-                item = pending.popleft()
-                running[executor.submit(_timed_run, item, cfg)] = item
-            if not running:
-                break
-            finished, _ = wait(running, timeout=0.05, return_when=FIRST_COMPLETED)
-            for future in finished:
-                item = running.pop(future)
-                rec, seconds = future.result()
-                send(Result(item.id, item.kind, asdict(rec), comm.Get_rank(), seconds, item.meta), RESULT)
-                if stopped_by is None:
-                    send(None, READY)
-    finally:
-        executor.shutdown(wait=True)
-        stop.set()
-        beater.join()
+    with prestarted_workers(prestart):
+        try:
+            for _ in range(concurrency + 1):
+                send(None, READY)
+            while True:
+                # take every request that has arrived; block for one only when nothing is running or waiting
+                while stopped_by is None and ((not pending and not running)
+                                              or comm.Iprobe(source=coordinator, tag=WORK)):
+                    item = comm.recv(source=coordinator, tag=WORK)
+                    if item in (STOP, STOP_NOW):
+                        stopped_by = item
+                    else:
+                        pending.append(item)
+                        precompile(item.candidate, cfg)
+                while pending and len(running) < concurrency:
+                    item = pending.popleft()
+                    running[executor.submit(_timed_run, item, cfg)] = item
+                if not running:
+                    break
+                finished, _ = wait(running, timeout=0.05, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    item = running.pop(future)
+                    rec, seconds = future.result()
+                    send(Result(item.id, item.kind, asdict(rec), comm.Get_rank(), seconds, item.meta), RESULT)
+                    if stopped_by is None:
+                        send(None, READY)
+        finally:
+            executor.shutdown(wait=True)
+            stop.set()
+            beater.join()
     send(None, BYE)   # after the last heartbeat: the coordinator may exit once every rank said this
     return stopped_by != STOP_NOW
 

@@ -8,6 +8,7 @@ program:   something timed under the protocol: the candidate's ModelNew (guarded
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,13 @@ class _Worker:
             raise WorkerError(f"task failed to load: {type(e).__name__}: {e}", "task") from None
         self.init_seed = int(msg["init_seed"])
         return {}
+
+    def ready(self, msg: dict) -> dict:
+        """Answered once the interpreter is up and the device initialized: a prestarted process
+        is then ready for its evaluation."""
+        if "device" in msg:
+            _device(msg["device"])
+        return {"ok": True}
 
     def base_inputs(self, seed: int) -> list:
         return make_inputs(self.task, seed, "default", self.device)
@@ -126,6 +134,7 @@ class ProgramWorker(_Worker):
         from hpc import runtime
 
         runtime.count_extension_calls()
+        os.environ.update({str(k): str(v) for k, v in msg.get("environment", {}).items()})
         path = Path(msg["model_file"])
         sys.path.insert(0, str(path.parent))
         try:
@@ -187,7 +196,7 @@ ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
 
 def dispatch(worker: _Worker, msg: dict) -> dict:
     op = msg.get("op")
-    handler = getattr(worker, op, None) if op in ("setup", "outputs", "fingerprints", "cost", "time",
+    handler = getattr(worker, op, None) if op in ("ready", "setup", "outputs", "fingerprints", "cost", "time",
                                                    "prepare_calls", "run_call") else None
     if handler is None:
         raise WorkerError(f"unknown op {op!r}", "harness")

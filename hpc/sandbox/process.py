@@ -144,6 +144,10 @@ class SandboxedProcess:
             os.close(from_child_w)
         self.isolation = {"landlock_abi": abi, "network_namespace": net}
 
+    def restart_clock(self) -> None:
+        """Start the wall limit now: a process started ahead of its evaluation gets the whole limit."""
+        self.deadline = time.monotonic() + self.cfg.timeout_s
+
     def request(self, message: dict, timeout: float | None = None):
         """Send one JSON message and return the decoded reply; SandboxError on any failure."""
         self.send(message)

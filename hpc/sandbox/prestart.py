@@ -1,0 +1,208 @@
+"""Worker processes started before the evaluation that will use them.
+
+A fresh sandboxed interpreter importing torch is seconds of every evaluation, the largest part
+of one in the reward pool on an H200. Loops that evaluate one candidate after another (a pool
+worker rank, `hpc eval-suite`, an evaluation shard, the agent's scorer) open
+`prestarted_workers()`: while one evaluation runs, the next one's reference and program
+processes start in a workroot of their own. Each is still a fresh process that serves one
+evaluation and is killed: nothing of one candidate lives on in the next one's processes.
+
+A spare's device initialization holds the device lock shared, so it never overlaps another
+evaluation's timed run (on the cpu backend its whole start does: an interpreter importing torch
+is work on the timed device there).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from hpc.config import SandboxConfig
+from hpc.profile.device_lock import DeviceLock
+from hpc.sandbox.process import SandboxedProcess, SandboxError
+
+READY_TIMEOUT_S = 300.0
+
+
+@dataclass
+class WorkerPair:
+    """The two processes of one evaluation, in `workroot`/reference and `workroot`/candidate."""
+
+    workroot: Path
+    reference: SandboxedProcess
+    program: SandboxedProcess
+
+    @property
+    def candidate_dir(self) -> Path:
+        return self.workroot / "candidate"
+
+    def kill(self) -> None:
+        self.reference.kill()
+        self.program.kill()
+
+    def close(self) -> None:
+        """End both processes and remove the workroot."""
+        self.reference.close()
+        self.program.close()
+        shutil.rmtree(self.workroot, ignore_errors=True)
+
+
+def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None) -> WorkerPair:
+    """A new reference + program pair in a new workroot (the program may write `writable` too)."""
+    workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
+    reference = program = None
+    try:
+        reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend)
+        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, writable=writable)
+    except BaseException:
+        for proc in (reference, program):
+            if proc is not None:
+                proc.close()
+        shutil.rmtree(workroot, ignore_errors=True)
+        raise
+    return WorkerPair(workroot, reference, program)
+
+
+class _Spare:
+    """A pair being started in a thread. Its device work (a CUDA context each) waits for the
+    device lock, shared, so it never overlaps a timed run; on the cpu backend the whole start
+    does, since the interpreters' start is itself work on the device timed there."""
+
+    def __init__(self, sandbox: SandboxConfig, backend: str):
+        self.pair: WorkerPair | None = None
+        self.failed = ""
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._start, args=(sandbox, backend), name="prestart", daemon=True)
+        self._thread.start()
+
+    def _start(self, sandbox: SandboxConfig, backend: str) -> None:
+        lock = DeviceLock(backend)
+        try:
+            with lock.shared() if backend == "cpu" else nullcontext():
+                if self._cancelled.is_set():
+                    return
+                self.pair = start_pair(sandbox, backend)
+                self._ask({"op": "ready"})
+            with lock.shared():
+                self._ask({"op": "ready", "device": backend})
+        except (SandboxError, OSError) as e:
+            self.failed = getattr(e, "reason", str(e))
+
+    def _ask(self, message: dict) -> None:
+        for proc in (self.pair.reference, self.pair.program):
+            proc.send(message)
+        for proc in (self.pair.reference, self.pair.program):
+            proc.receive("ready", READY_TIMEOUT_S)
+
+    def result(self) -> WorkerPair | None:
+        """The started pair, or None (and its processes ended) when it failed to start."""
+        self._thread.join()
+        if self.pair is not None and not self.failed and any(
+                p.proc.poll() is not None for p in (self.pair.reference, self.pair.program)):
+            self.failed = "exited while waiting"
+        if self.pair is not None and self.failed:
+            self.pair.close()
+            self.pair = None
+        return self.pair
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        if self.pair is not None:
+            self.pair.kill()   # unblocks a start still waiting for the answer
+        pair = self.result()
+        if pair is not None:
+            pair.close()
+
+
+class PrestartedWorkers:
+    """Up to `depth` pairs started ahead per (backend, sandbox config, visible devices)."""
+
+    def __init__(self, depth: int = 1):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.depth = depth
+        self.started = self.taken = 0
+        self._spares: dict[str, list[_Spare]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, sandbox: SandboxConfig, backend: str) -> WorkerPair:
+        """A pair whose interpreters are up (a new one if none is), and the next one starting."""
+        key = _key(sandbox, backend)
+        with self._lock:
+            queue = self._spares.setdefault(key, [])
+            spare = queue.pop(0) if queue else None
+        pair = spare.result() if spare is not None else None
+        if pair is not None:
+            pair.reference.restart_clock()
+            pair.program.restart_clock()
+            self.taken += 1
+        self._refill(key, sandbox, backend)
+        return pair if pair is not None else start_pair(sandbox, backend)
+
+    def _refill(self, key: str, sandbox: SandboxConfig, backend: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            queue = self._spares.setdefault(key, [])
+            while len(queue) < self.depth:
+                queue.append(_Spare(sandbox, backend))
+                self.started += 1
+
+    def close(self) -> None:
+        """End every spare and remove its workroot."""
+        with self._lock:
+            self._closed = True
+            spares = [s for queue in self._spares.values() for s in queue]
+            self._spares.clear()
+        for spare in spares:
+            spare.cancel()
+
+
+def _key(sandbox: SandboxConfig, backend: str) -> str:
+    return repr((backend, sorted(asdict(sandbox).items()), os.environ.get("CUDA_VISIBLE_DEVICES")))
+
+
+_active: PrestartedWorkers | None = None
+_active_lock = threading.Lock()
+
+
+def default_depth() -> int:
+    """One spare pair where there are cores to start it on; none on a 2-3 core machine, where its
+    interpreter's start would only slow the evaluation it overlaps."""
+    return 1 if len(os.sched_getaffinity(0)) >= 4 else 0
+
+
+@contextmanager
+def prestarted_workers(depth: int | None = None) -> Iterator[PrestartedWorkers | None]:
+    """Within this block, evaluations of this process take prestarted pairs (depth 0: none;
+    None: `default_depth()`). Nested blocks share the outermost one's spares."""
+    global _active
+    depth = default_depth() if depth is None else depth
+    with _active_lock:
+        outer = _active
+        mine = PrestartedWorkers(depth) if outer is None and depth > 0 else None
+        if mine is not None:
+            _active = mine
+    try:
+        yield outer or mine
+    finally:
+        if mine is not None:
+            with _active_lock:
+                _active = None
+            mine.close()
+
+
+def worker_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None) -> WorkerPair:
+    """The pair for one evaluation: prestarted when a `prestarted_workers` block is open and the
+    program needs no extra writable path (a single-file candidate's extension build folder)."""
+    spares = _active
+    if spares is not None and not writable:
+        return spares.take(sandbox, backend)
+    return start_pair(sandbox, backend, writable)

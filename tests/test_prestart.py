@@ -1,0 +1,123 @@
+"""Worker processes started ahead of their evaluation (hpc.sandbox.prestart), for real."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc.candidate import load_candidate
+from hpc.config import SandboxConfig
+from hpc.pipeline import evaluate
+from hpc.profile.device_lock import DeviceLock
+from hpc.sandbox import prestart
+from hpc.sandbox.prestart import PrestartedWorkers, prestarted_workers
+from hpc.task import load_task
+from tests.conftest import RELU_TASK, TESTS
+
+SOLUTION = TESTS / "fixtures" / "honest_relu"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_evaluations_in_a_block_take_prestarted_processes_and_leave_none_behind(fast_config):
+    task, candidate = load_task(RELU_TASK), load_candidate(SOLUTION)
+    seen: list[tuple[int, int]] = []
+    real_run = prestart.WorkerPair.kill
+
+    def spy(pair):
+        seen.append((pair.reference.proc.pid, pair.program.proc.pid))
+        real_run(pair)
+
+    with prestarted_workers(1) as spares, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(prestart.WorkerPair, "kill", spy)
+        records = [evaluate(task, candidate, fast_config) for _ in range(2)]
+        assert spares.taken >= 1 and spares.started == 2
+        spare_pids = [(s.pair.reference.proc.pid, s.pair.program.proc.pid) for q in spares._spares.values()
+                      for s in q if s.result() is not None]
+        workroots = [s.pair.workroot for q in spares._spares.values() for s in q]
+    assert [r.status for r in records] == ["ok", "ok"], [r.reason for r in records]
+    assert all(r.reward >= 1 for r in records)
+    pids = [p for pair in seen + spare_pids for p in pair]
+    assert len(set(pids)) == len(pids) == 6, "every evaluation had processes of its own"
+    assert not any(_alive(p) for p in pids)
+    assert workroots and not any(w.exists() for w in workroots)
+
+
+def test_a_spare_that_died_is_replaced_by_a_fresh_pair(fast_config):
+    spares = PrestartedWorkers(1)
+    try:
+        spares._refill(prestart._key(fast_config.sandbox, "cpu"), fast_config.sandbox, "cpu")
+        dead = spares._spares[prestart._key(fast_config.sandbox, "cpu")][0].result()
+        dead.program.kill()
+        dead.program.proc.wait()
+        pair = spares.take(fast_config.sandbox, "cpu")
+        assert spares.taken == 0, "the dead spare was not handed out"
+        assert pair.program.request({"op": "ready"}) == {"ok": True}
+        pair.kill()
+        pair.close()
+    finally:
+        spares.close()
+
+
+def test_a_spare_does_not_start_while_a_timed_run_holds_the_device(fast_config):
+    spares = PrestartedWorkers(1)
+    key = prestart._key(fast_config.sandbox, "cpu")
+    try:
+        with DeviceLock("cpu").exclusive():
+            spares._refill(key, fast_config.sandbox, "cpu")
+            time.sleep(1.5)
+            assert spares._spares[key][0].pair is None, "a spare started during the timed run"
+        pair = spares.take(fast_config.sandbox, "cpu")
+        assert spares.taken == 1
+        assert pair.reference.request({"op": "ready"}) == {"ok": True}
+        pair.kill()
+        pair.close()
+    finally:
+        spares.close()
+
+
+def test_a_program_that_must_write_outside_its_workdir_starts_its_own(fast_config, tmp_path):
+    with prestarted_workers(1) as spares:
+        pair = prestart.worker_pair(fast_config.sandbox, "cpu", [tmp_path])
+        try:
+            assert spares.taken == 0 and spares.started == 0
+        finally:
+            pair.kill()
+            pair.close()
+        pair = prestart.worker_pair(fast_config.sandbox, "cpu")
+        pair.kill()
+        pair.close()
+        assert spares.started == 1
+
+
+def test_nested_blocks_share_the_outer_spares_and_depth_zero_is_off():
+    with prestarted_workers(1) as outer, prestarted_workers(3) as inner:
+        assert inner is outer and outer.depth == 1
+    with prestarted_workers(0) as none:
+        assert none is None and prestart._active is None
+    assert prestart._active is None
+
+
+def test_closing_while_a_spare_starts_leaves_no_process(fast_config):
+    spares = PrestartedWorkers(2)
+    key = prestart._key(SandboxConfig(), "cpu")
+    spares._refill(key, SandboxConfig(), "cpu")
+    time.sleep(0.5)
+    started = [s for s in spares._spares[key]]
+    closer = threading.Thread(target=spares.close)
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive()
+    for s in started:
+        if s.pair is not None:
+            assert not _alive(s.pair.reference.proc.pid) and not s.pair.workroot.exists()
