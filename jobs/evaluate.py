@@ -1,15 +1,23 @@
-"""Evaluate a candidate set against a task suite, sharded over a Slurm array through submitit.
+"""Evaluate a candidate set, or a trained policy as an agent, against a task suite, sharded over a
+Slurm array through submitit.
 
     python jobs/evaluate.py TASKS CANDIDATES --out RUN_DIR --shards 8 [--backend cuda]
         [--partition gpu --account ACC --time 120 --gpus-per-task 1] [--executor auto|slurm|local]
+    python jobs/evaluate.py TASKS --policy CKPT --out RUN_DIR --shards 8 [--samples K]
+        [--mode multi_turn|single_turn] [--state best|final] [--max-turns T] [--temperature X] [--top-p P]
+        [--max-response-tokens N] [--batch B] [--seed S] [...the options above]
 
 CANDIDATES is laid out like TASKS (a workdir or single file per task id, e.g. kernels/solutions),
 or is a samples file (`*.h5`, docs/formats.md: any number of generated samples per task, from any
 model), whose samples are written out as candidates under RUN_DIR/samples/<task id>/<sample id>/.
+With --policy, CKPT is a training run folder of jobs/train.py (its latest checkpoint) or one of its
+checkpoints: each array task loads the policy and plays K agent episodes per task of its share,
+recording per sample the rewarded state (best by speedup over torch.compile, or final) and the
+trajectory (hpc/rl/evaluation.py, docs/rl.md).
 Each array task writes RUN_DIR/shard-NNNN.h5 and skips what that file already holds, so a
 requeued task (preemption, the time limit: submitit checkpoints and requeues it) or a
 re-submission evaluates only what is missing. When every shard is done the shards are merged
-into RUN_DIR/results.h5, every (task, candidate) once, and the summary table is printed.
+into RUN_DIR/results.h5, every (task, candidate) or sample once, and the summary table is printed.
 `--executor auto` uses Slurm where `srun` exists and local processes elsewhere.
 """
 
@@ -18,7 +26,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -42,6 +52,7 @@ class EvaluateShard(submitit.helpers.Checkpointable):
         from hpc.pipeline import evaluate
         from hpc.results.hdf5 import ResultWriter, provenance, read_records
         from hpc.results.merge import record_key
+        from hpc.sandbox.prestart import prestarted_workers
         from hpc.suite import unevaluated
         from hpc.task import load_task
 
@@ -54,43 +65,62 @@ class EvaluateShard(submitit.helpers.Checkpointable):
         writer = ResultWriter(path, provenance(config_to_dict(cfg)))
         progress = Progress(len(mine), f"shard {shard}", sys.stdout)
         try:
-            for k, (task_path, candidate_path) in enumerate(mine, 1):
-                task = load_task(task_path)
-                try:
-                    candidate = load_candidate(candidate_path) if candidate_path else None
-                except UserError as e:
-                    candidate, reason = None, str(e)
-                else:
-                    reason = f"no candidate for {task.task_id}"
-                if candidate is None:
-                    rec = unevaluated(task, candidate_path, cfg, reason)
-                    if record_key(rec) in done:
+            with prestarted_workers():   # the next evaluation's processes start while one runs
+                for k, (task_path, candidate_path) in enumerate(mine, 1):
+                    task = load_task(task_path)
+                    try:
+                        candidate = load_candidate(candidate_path) if candidate_path else None
+                    except UserError as e:
+                        candidate, reason = None, str(e)
+                    else:
+                        reason = f"no candidate for {task.task_id}"
+                    if candidate is None:
+                        rec = unevaluated(task, candidate_path, cfg, reason)
+                        if record_key(rec) in done:
+                            continue
+                    elif (task.task_id, candidate.sha256) in done:
                         continue
-                elif (task.task_id, candidate.sha256) in done:
-                    continue
-                else:
-                    rec = evaluate(task, candidate, cfg)
-                if preempted.is_set():   # Slurm is ending this task: its workers died with it
-                    print(f"shard {shard}: preempted during {task.task_id}; it runs again after the requeue",
-                          flush=True)
-                    break
-                writer.append(rec)
-                evaluated += 1
-                state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
-                progress.advance(f"shard {shard}: [{k}/{len(mine)}] {rec.task_id}: {state}")
+                    else:
+                        rec = evaluate(task, candidate, cfg)
+                    if preempted.is_set():   # Slurm is ending this task: its workers died with it
+                        print(f"shard {shard}: preempted during {task.task_id}; it runs again after the requeue",
+                              flush=True)
+                        break
+                    writer.append(rec)
+                    evaluated += 1
+                    state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
+                    progress.advance(f"shard {shard}: [{k}/{len(mine)}] {rec.task_id}: {state}")
         finally:
             writer.close()
             progress.close()
-        if preempted.is_set():
-            # no result for submitit to record: the requeued task (or a re-submission) finishes the shard
-            sys.stdout.flush()
-            os._exit(143)
+        _exit_if_preempted(preempted)
         return {"shard": shard, "file": str(path), "evaluated": evaluated, "skipped": len(mine) - evaluated}
 
 
-def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None, out: Path) -> list[tuple[str, str]]:
-    from hpc.samples import sample_candidates
-    from hpc.suite import find_candidate
+class EvaluatePolicyShard(submitit.helpers.Checkpointable):
+    """One array task of a policy evaluation (hpc.rl.evaluation): its share of the (problem file,
+    sample index) items played, scored and recorded in its own HDF5 file; requeued like
+    EvaluateShard, it plays only the samples that file lacks."""
+
+    def __call__(self, shard: int, shards: int, items: list[tuple[str, int]], out_dir: str, cfg,
+                 policy) -> dict:
+        from hpc.rl.evaluation import evaluate_shard
+
+        preempted = watch_for_sigterm()
+        summary = evaluate_shard(policy, items, shard, shards, Path(out_dir), cfg, preempted)
+        _exit_if_preempted(preempted)
+        return summary
+
+
+def _exit_if_preempted(preempted: threading.Event) -> None:
+    if preempted.is_set():
+        # no result for submitit to record: the requeued task (or a re-submission) finishes the shard
+        sys.stdout.flush()
+        os._exit(143)
+
+
+def _tasks(tasks_dir: str, only: list[str] | None) -> list:
+    """The suite's tasks, those whose id contains one of `only` when given."""
     from hpc.task import discover_tasks
 
     tasks = discover_tasks(tasks_dir)
@@ -98,6 +128,13 @@ def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None, out:
         tasks = [t for t in tasks if any(s in t.task_id for s in only)]
     if not tasks:
         raise UserError(f"no task under {tasks_dir}" + (f" matches {only}" if only else ""))
+    return tasks
+
+
+def work_items(tasks: list, candidates_dir: str, out: Path) -> list[tuple[str, str]]:
+    from hpc.samples import sample_candidates
+    from hpc.suite import find_candidate
+
     if Path(candidates_dir).suffix == ".h5":
         return [(str(t.path), str(p or "")) for t, p in sample_candidates(candidates_dir, tasks, out / "samples")]
     if not Path(candidates_dir).is_dir():
@@ -108,7 +145,8 @@ def work_items(tasks_dir: str, candidates_dir: str, only: list[str] | None, out:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="jobs/evaluate.py", description=__doc__.splitlines()[0])
     p.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
-    p.add_argument("candidates", help="folder of candidates laid out like the tasks, or a samples file (.h5)")
+    p.add_argument("candidates", nargs="?",
+                   help="folder of candidates laid out like the tasks, or a samples file (.h5); or --policy")
     p.add_argument("--out", required=True, help="run folder: shard files, submitit logs, results.h5")
     p.add_argument("--shards", type=int, default=1, help="array tasks (default 1)")
     p.add_argument("--shard", type=int, default=None,
@@ -119,11 +157,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale", choices=("cpu", "gpu"))
     p.add_argument("--config", help="YAML evaluation config")
     p.add_argument("--iterations", type=int, help="timed iterations")
+    agent = p.add_argument_group("a policy as an agent (in place of CANDIDATES)")
+    agent.add_argument("--policy", metavar="CKPT",
+                       help="a training run folder (its latest checkpoint) or one of its checkpoints")
+    agent.add_argument("--samples", type=int, help="episodes per task (default 1)")
+    agent.add_argument("--mode", choices=("multi_turn", "single_turn"), help="default multi_turn")
+    agent.add_argument("--state", choices=("best", "final"),
+                       help="the state that pays: best by speedup vs torch.compile (default), or final")
+    agent.add_argument("--max-turns", type=int, help="default: the run's agent.max_turns")
+    agent.add_argument("--max-response-tokens", type=int,
+                       help="tokens per reply (default: the run's agent.max_response_tokens)")
+    agent.add_argument("--temperature", type=float, help="default: the run's rollout.temperature (0: greedy)")
+    agent.add_argument("--top-p", type=float, help="default: the run's rollout.top_p")
+    agent.add_argument("--batch", type=int, help="episodes generated together by an array task (default 8)")
+    agent.add_argument("--seed", type=int, help="sampling seed (default 0)")
     add_executor_args(p, minutes=60)
     p.add_argument("--gpus-per-task", type=int, default=0)
     p.add_argument("--parallelism", type=int, default=None, help="array tasks running at once")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
     return p.parse_args(argv)
+
+
+POLICY_OPTIONS = ("samples", "mode", "state", "max_turns", "max_response_tokens", "temperature", "top_p", "batch",
+                  "seed")
 
 
 def _config(args):
@@ -132,22 +188,42 @@ def _config(args):
     return command_line_config(args.config, args.backend, args.scale, args.iterations)
 
 
+def _policy(args: argparse.Namespace, tasks: list, out: Path) -> tuple[Any, list[tuple[str, int]]]:
+    """The policy evaluation the arguments ask for and its items: (problem file, sample index)."""
+    from hpc.rl.evaluation import check_out, policy_evaluation, work_items
+
+    given = {name: getattr(args, name) for name in POLICY_OPTIONS if getattr(args, name) is not None}
+    policy = policy_evaluation(args.policy, **given)
+    check_out(out, policy)
+    return policy, work_items(tasks, policy.samples)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        if (args.candidates is None) == (args.policy is None):
+            raise UserError("give exactly one of CANDIDATES and --policy CKPT")
+        stray = [name for name in POLICY_OPTIONS if getattr(args, name) is not None]
+        if args.policy is None and stray:
+            raise UserError(f"--{stray[0].replace('_', '-')}: only with --policy")
         if args.shards < 1:
             raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
         if args.shard is not None and not 0 <= args.shard < args.shards:
             raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = _config(args)
         out = Path(args.out).resolve()
-        items = work_items(args.tasks, args.candidates, args.only, out)
+        tasks = _tasks(args.tasks, args.only)
+        if args.policy is None:
+            policy, items = None, work_items(tasks, args.candidates, out)
+        else:
+            policy, items = _policy(args, tasks, out)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    shard_job, extra = (EvaluateShard(), ()) if policy is None else (EvaluatePolicyShard(), (policy,))
     if args.shard is not None:
-        summary = EvaluateShard()(args.shard, args.shards, items, str(out), cfg)
+        summary = shard_job(args.shard, args.shards, items, str(out), cfg, *extra)
         print(f"evaluate: shard {args.shard} of {args.shards} done ({summary['evaluated']} evaluated, "
               f"{summary['skipped']} already recorded) in {summary['file']}", file=sys.stderr, flush=True)
         return 0
@@ -155,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     executor = make_executor(out / "submitit", args.executor, "hpc-evaluate", args.time,
                              gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
                              partition=args.partition, account=args.account, parallelism=args.parallelism)
-    jobs = executor.map_array(EvaluateShard(), range(shards), [shards] * shards, [items] * shards,
-                              [str(out)] * shards, [cfg] * shards)
+    jobs = executor.map_array(shard_job, range(shards), [shards] * shards, [items] * shards,
+                              [str(out)] * shards, [cfg] * shards, *([x] * shards for x in extra))
     print(f"evaluate: {len(items)} items in {shards} shards, {executor.cluster} job {jobs[0].job_id.split('_')[0]}",
           file=sys.stderr, flush=True)
     failed = wait_for_array(jobs, "evaluate", lambda s: (f"shard {s['shard']} done ({s['evaluated']} evaluated, "

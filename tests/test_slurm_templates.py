@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hpc.results.hdf5 import read_records
 from tests.conftest import ROOT
 from tests.test_pool import _suite, process_with
@@ -127,6 +129,16 @@ def test_pipeline_chains_an_evaluation_array_and_the_analysis_with_afterok(slurm
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
     (summary,) = json.loads((run / "report" / "summary.json").read_text())["runs"]
     assert summary["overall"]["samples"] == 3 and summary["overall"]["pass_rate"] == 1.0, summary
+
+
+@pytest.mark.parametrize("given", [{}, {"HPC_CANDIDATES": "c", "HPC_POLICY": "p"}])
+def test_evaluation_array_wants_exactly_one_of_candidates_and_policy(given):
+    env = {k: v for k, v in os.environ.items() if k not in ("HPC_CANDIDATES", "HPC_POLICY")}
+    proc = subprocess.run(["bash", str(TEMPLATES / "evaluate_array.sbatch")], capture_output=True, text=True,
+                          timeout=30, env={**env, "HPC_TASKS": "t", "HPC_OUT": "o", **given})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: set exactly one of HPC_CANDIDATES and HPC_POLICY "
+                                   "(sbatch --export=ALL,HPC_CANDIDATES=...)")
 
 
 def test_pipeline_refuses_a_bad_shard_count(tmp_path):

@@ -6,7 +6,9 @@ the hpc.results.hdf5 kind, so the same writer lock, crash recovery and SWMR read
 /train/steps, one row per step (STEP_FIELDS), and /train/trajectories, one row per trajectory
 (TRAJECTORY_FIELDS, the whole trajectory as JSON in `data`). Steps strictly increase and the
 trajectories' steps never decrease, so a resumed run cuts both tables after its checkpoint's step
-(truncate_after) and continues without duplicate rows.
+(truncate_after) and continues without duplicate rows. An evaluation of a policy (hpc.rl.evaluation)
+writes its trajectories to the same table beside its records (EvaluationWriter): no step rows, the
+trajectories' step is the checkpoint's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError
-from hpc.results.hdf5 import (AppendingFile, append_rows, column_dtype, complete_rows, read_retrying, to_python,
-                              truncate_rows)
+from hpc.results.hdf5 import (AppendingFile, ResultWriter, append_rows, column_dtype, complete_rows, read_retrying,
+                              to_python, truncate_rows)
 
 TRAIN_GROUP = "train"
 STEPS = "steps"
@@ -124,6 +126,16 @@ class TrainingWriter(AppendingFile):
                 truncate_rows(self.file, group, keep)
         self.last_step = _last_step(self.steps)
         self._last_trajectory_step = _last_step(self.trajectories)
+
+
+class EvaluationWriter(ResultWriter, TrainingWriter):
+    """Evaluation records (`append`) and the trajectories that produced them (`append_trajectories`)
+    in one file: a file has one writer at a time, so one writer holds both tables (an evaluation of
+    a policy, hpc.rl.evaluation, and the merge of its shards)."""
+
+    def _prepare(self) -> None:
+        ResultWriter._prepare(self)
+        TrainingWriter._prepare(self)
 
 
 def _create_layout(f: h5py.File) -> None:

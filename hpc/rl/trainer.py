@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -40,11 +40,16 @@ from hpc.rl.batch import RolloutBatch, pack
 from hpc.rl.demonstrations import Demonstration, demonstrations
 from hpc.rl.rollout import Sample, rollout
 from hpc.rl.supervised import reference_logprobs, sft_step, value_step
-from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config_dict
+from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config, train_config_dict
 from hpc.rl.update import update
 from hpc.task import Task, discover_tasks
 
+if TYPE_CHECKING:
+    from hpc.policy.serve import ServedPolicy
+
 STATE_FILE = "trainer.json"
+CHECKPOINTS = "checkpoints"    # RUN/checkpoints/{policy,critic,reference}/ and STATE_FILE.N
+TOKENIZER = "tokenizer"        # RUN/tokenizer/: the vocabulary trained for a bpe tokenizer
 
 
 @dataclass
@@ -64,6 +69,74 @@ def select_tasks(root: str | Path, only: list[str]) -> list[Task]:
     if not tasks:
         raise UserError(f"tasks {root}: no task matches {only or 'anything'}")
     return tasks
+
+
+@dataclass
+class PolicyCheckpoint:
+    """One saved policy of a training run, with the run's config: sampling from it again needs
+    the tokenizer, chat format and agent limits it was trained with."""
+
+    run: Path
+    step: int
+    config: TrainConfig
+
+    @property
+    def root(self) -> Path:
+        return self.run / CHECKPOINTS / "policy"
+
+    @property
+    def directory(self) -> Path:
+        from hpc.policy.checkpoint import checkpoint_dir
+
+        return checkpoint_dir(self.root, self.step)
+
+    @property
+    def tokenizer(self) -> str:
+        """The run's trained vocabulary (bpe), else the config's tokenizer."""
+        return str(self.run / TOKENIZER) if self.config.tokenizer.startswith(BPE_KINDS) else self.config.tokenizer
+
+    @property
+    def label(self) -> str:
+        """How reports name it: the run folder and the step."""
+        return f"{self.run.name}@{self.step}"
+
+
+def find_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
+    """The policy checkpoint at `path`: a training run folder, its checkpoints/ or
+    checkpoints/policy/ folder (each meaning the latest step), or one step's folder
+    (checkpoints/policy/iter_N). UserError (one line) for anything else."""
+    from hpc.policy.checkpoint import META, checkpoint_dir, latest_step
+
+    given = Path(path).resolve()
+    if not given.is_dir():
+        raise UserError(f"policy {path}: no such folder")
+    if (given / META).is_file() and given.name.startswith("iter_") and given.name[5:].isdigit():
+        root, step = given.parent, int(given.name[5:])
+    else:
+        root = next((r for r in (given / CHECKPOINTS / "policy", given / "policy", given)
+                     if (r / "latest").is_file()), None)
+        if root is None:
+            raise UserError(f"policy {path}: no policy checkpoint there (give a training run folder of "
+                            "jobs/train.py or one of its checkpoints)")
+        step = latest_step(root)
+    if root.name != "policy" or root.parent.name != CHECKPOINTS:
+        raise UserError(f"policy {path}: not a checkpoint of a training run (RUN/{CHECKPOINTS}/policy/iter_N)")
+    ckpt_state = root.parent / f"{STATE_FILE}.{step}"
+    if not ckpt_state.is_file() or not (checkpoint_dir(root, step) / META).is_file():
+        raise UserError(f"policy {path}: step {step} is not a complete checkpoint (no {ckpt_state.name} or {META})")
+    config = train_config(json.loads(ckpt_state.read_text())["config"])
+    return PolicyCheckpoint(root.parent.parent, step, config)
+
+
+def load_policy(ckpt: PolicyCheckpoint) -> ServedPolicy:
+    """The checkpoint's policy for sampling, in this process alone (TP = PP = 1), with its
+    tokenizer and chat format: what `hpc serve` loads."""
+    from hpc.policy.serve import ServerConfig, load_served_policy
+
+    cfg = ckpt.config
+    return load_served_policy(ServerConfig(checkpoint=str(ckpt.root), step=ckpt.step, tokenizer=ckpt.tokenizer,
+                                           chat_format=cfg.chat_format, model_name=ckpt.label,
+                                           include_system=cfg.include_system, seed=cfg.seed))
 
 
 class DataParallel:
@@ -142,7 +215,7 @@ class Trainer:
         spec = self.cfg.tokenizer
         if not spec.startswith(BPE_KINDS):
             return load_tokenizer(spec)
-        folder = self.out / "tokenizer"
+        folder = self.out / TOKENIZER
         if self.is_writer and not (folder / "tokenizer.json").exists():
             texts = [self._prompt_text(d.task) for d in self.demos] + [d.reply for d in self.demos]
             kind, _, size = spec.partition(":")
@@ -206,7 +279,7 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------
     @property
     def checkpoint_root(self) -> Path:
-        return self.out / "checkpoints"
+        return self.out / CHECKPOINTS
 
     def _resume(self) -> None:
         from hpc.policy.checkpoint import latest_step, load_checkpoint

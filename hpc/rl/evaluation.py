@@ -1,0 +1,167 @@
+"""Evaluate a trained policy as an agent over a task suite (`jobs/evaluate.py TASKS --policy CKPT`).
+
+Each array task loads the policy of a training run's checkpoint (`hpc.rl.trainer.load_policy`:
+its tokenizer, chat format and weights), plays its share of the (task, sample) pairs as agent
+episodes with `rollout` (batched generation, multi- or single-turn, the run's agent limits unless
+overridden), has the evaluator score them, and writes to its shard file, per sample, the record of
+the rewarded state (the best by speedup over torch.compile, or the final one) and the trajectory
+(`EvaluationWriter`). A sample's record has the candidate path `policy:<checkpoint>#<task id>/<k>`,
+which is its key (`hpc.results.merge.record_key`): a re-run skips the samples its file holds, and
+the merge keeps each sample once. The file's attributes name the checkpoint and the model label
+(`RUN@STEP`) under which `jobs/analyze.py` reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpc.agent.config import AgentConfig, agent_config, agent_config_dict
+from hpc.config import EvalConfig
+from hpc.errors import UserError
+from hpc.results.merge import POLICY_SAMPLE
+from hpc.rl.trainer import PolicyCheckpoint, find_policy_checkpoint
+from hpc.task import Task
+
+STAGE = "evaluate"   # the trajectories' stage in /train/trajectories (their step: the checkpoint's)
+
+
+@dataclass
+class PolicyEvaluation:
+    """What every array task of one evaluation does, settled once by the submitter."""
+
+    checkpoint: PolicyCheckpoint
+    agent: AgentConfig          # the run's agent config with this evaluation's mode, state and limits
+    samples: int                # episodes per task
+    temperature: float
+    top_p: float
+    batch: int                  # episodes generated together
+    seed: int
+
+    def sample_path(self, task_id: str, k: int) -> str:
+        """Sample k of a task: its records' candidate path, which names it for resume and merge."""
+        return f"{POLICY_SAMPLE}{self.checkpoint.directory}#{task_id}/{k:04d}"
+
+    def attrs(self) -> dict[str, str]:
+        """Shard file attributes: the checkpoint, its label for reports, how it was sampled."""
+        sampling = {"samples": self.samples, "temperature": self.temperature, "top_p": self.top_p,
+                    "max_new_tokens": self.agent.max_response_tokens, "batch": self.batch, "seed": self.seed}
+        return {"model": self.checkpoint.label, "checkpoint": str(self.checkpoint.directory),
+                "checkpoint_step": str(self.checkpoint.step), "agent": json.dumps(agent_config_dict(self.agent)),
+                "sampling": json.dumps(sampling)}
+
+
+def policy_evaluation(checkpoint: str, samples: int = 1, mode: str = "multi_turn", state: str = "best",
+                      max_turns: int | None = None, max_response_tokens: int | None = None,
+                      temperature: float | None = None, top_p: float | None = None, batch: int = 8,
+                      seed: int = 0) -> PolicyEvaluation:
+    """The settings, validated (UserError, one line). By default CUDA Agent's evaluation: multi-turn
+    episodes paid by their best state; limits, temperature and top-p left None are the run's."""
+    ckpt = find_policy_checkpoint(checkpoint)
+    for name, value, low in (("--samples", samples, 1), ("--batch", batch, 1)):
+        if value < low:
+            raise UserError(f"{name}: must be >= {low}, got {value}")
+    agent = agent_config(agent_config_dict(ckpt.config.agent), mode=mode, state=state, max_turns=max_turns,
+                         max_response_tokens=max_response_tokens)
+    temperature = ckpt.config.rollout.temperature if temperature is None else temperature
+    top_p = ckpt.config.rollout.top_p if top_p is None else top_p
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise UserError(f"--temperature must be >= 0 (0: greedy) and --top-p in (0, 1], got {temperature}, {top_p}")
+    return PolicyEvaluation(ckpt, agent, samples, temperature, top_p, batch, seed)
+
+
+def work_items(tasks: list[Task], samples: int) -> list[tuple[str, int]]:
+    """(problem file, sample index) for every sample; shard s takes items s, s + shards, ..."""
+    return [(str(t.path), k) for t in tasks for k in range(samples)]
+
+
+def check_out(out: Path, ev: PolicyEvaluation) -> None:
+    """Refuse a run folder whose shards hold another checkpoint's samples or a candidate set's
+    records: the merge would mix them under one label."""
+    from hpc.results.hdf5 import file_attrs
+
+    for shard in sorted(out.glob("shard-*.h5")):
+        try:
+            theirs = file_attrs(shard).get("checkpoint")
+        except OSError as e:
+            raise UserError(f"results {shard}: cannot read as HDF5 ({e})") from None
+        if theirs != str(ev.checkpoint.directory):
+            raise UserError(f"--out {out}: {shard.name} holds results of {theirs or 'a candidate set'}; "
+                            "evaluate this checkpoint into another folder")
+
+
+def evaluate_shard(ev: PolicyEvaluation, items: list[tuple[str, int]], shard: int, shards: int, out: Path,
+                   cfg: EvalConfig, preempted: threading.Event) -> dict:
+    """Play and score this shard's samples that its file lacks, writing each batch's trajectories,
+    then records, as the batch ends. Stops recording once `preempted` is set (the requeued task
+    plays the rest). Returns the summary jobs/evaluate.py prints."""
+    from hpc.agent.backend import CachedBackend, LocalBackend
+    from hpc.agent.episode import Episode
+    from hpc.config import config_to_dict
+    from hpc.policy.generate import SamplingParams
+    from hpc.progress import Progress
+    from hpc.results.hdf5 import provenance, read_records
+    from hpc.results.merge import record_key
+    from hpc.results.training import EvaluationWriter
+    from hpc.rl.rollout import rollout
+    from hpc.rl.trainer import load_policy
+    from hpc.sandbox.prestart import prestarted_workers
+    from hpc.task import load_task
+
+    path = out / f"shard-{shard:04d}.h5"
+    done = {record_key(r) for r in read_records(path) if r.status != "error"} if path.exists() else set()
+    mine = [item for i, item in enumerate(items) if i % shards == shard]
+    tasks = {p: load_task(p) for p in dict.fromkeys(p for p, _ in mine)}
+    pending = [(tasks[p], k) for p, k in mine if (tasks[p].task_id, ev.sample_path(tasks[p].task_id, k)) not in done]
+    summary = {"shard": shard, "file": str(path), "evaluated": 0, "skipped": len(mine) - len(pending)}
+    if not pending:
+        return summary
+    policy = load_policy(ev.checkpoint)
+    backend = CachedBackend(LocalBackend(cfg))   # an identical state of a task is scored once
+    count = lambda text: len(policy.tokenizer.encode(text))  # noqa: E731
+    folder = out / f"episodes-{shard:04d}"
+    run_cfg = ev.checkpoint.config
+    writer = EvaluationWriter(path, {**provenance(config_to_dict(cfg)), **ev.attrs()})
+    progress = Progress(len(pending), f"shard {shard}", sys.stdout)
+    try:
+        with prestarted_workers():   # the next evaluation's processes start while one runs
+            for start in range(0, len(pending), ev.batch):
+                batch = pending[start:start + ev.batch]
+                shutil.rmtree(folder, ignore_errors=True)   # a killed run's episodes
+                episodes = [Episode(task, backend, ev.agent, folder / f"{i:04d}", count_tokens=count,
+                                    system_in_context=run_cfg.include_system) for i, (task, _) in enumerate(batch)]
+                params = SamplingParams(max_new_tokens=ev.agent.max_response_tokens, temperature=ev.temperature,
+                                        top_p=ev.top_p, seed=ev.seed * 1_000_003 + shard * 7919 + start)
+                try:
+                    samples, _ = rollout(policy.model, policy.cfg, policy.format, episodes, list(range(len(batch))),
+                                         params, run_cfg.rollout.concurrency)
+                finally:
+                    for e in episodes:
+                        e.close()
+                    shutil.rmtree(folder, ignore_errors=True)
+                if preempted.is_set():   # Slurm is ending this task: its evaluator workers died with it
+                    print(f"shard {shard}: preempted; its unrecorded samples run again after the requeue", flush=True)
+                    break
+                trajectories = []
+                for (task, k), sample in zip(batch, samples):
+                    sample.trajectory.record["candidate_path"] = ev.sample_path(task.task_id, k)
+                    trajectories.append({**sample.trajectory.to_dict(), "sample": k})
+                # trajectories first: a sample whose record a crash lost is played again, and the merge
+                # keeps only the trajectory of the record it keeps
+                writer.append_trajectories(ev.checkpoint.step, STAGE, trajectories)
+                for (task, k), sample in zip(batch, samples):
+                    rec = sample.trajectory.eval_record()
+                    writer.append(rec)
+                    summary["evaluated"] += 1
+                    outcome = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
+                    progress.advance(f"shard {shard}: {task.task_id} sample {k} ({sample.trajectory.end_reason}, "
+                                     f"{sample.replies} turns): {outcome}")
+    finally:
+        writer.close()
+        progress.close()
+    return summary
+
