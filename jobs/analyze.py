@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run, summarize_training  # noqa: E402
 from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups, plot_training  # noqa: E402
 from hpc.analysis.report import write_report  # noqa: E402
-from hpc.errors import UserError  # noqa: E402
+from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
 from hpc.results.hdf5 import GROUP, file_attrs, file_groups, read_records  # noqa: E402
 from hpc.results.merge import merge_files  # noqa: E402
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         runs = [str(Path(r).resolve()) for r in args.runs]
-        out = str(Path(args.out).resolve())
+        out = str(check_out_folder(args.out).resolve())
         tasks = str(Path(args.tasks).resolve()) if args.tasks else None
         report = analyze(runs, out, tasks, args.name) if args.executor == "none" else _submit(args, runs, out, tasks)
     except UserError as e:

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
-from hpc.errors import UserError  # noqa: E402
+from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
 
 RESULTS = "train.h5"
@@ -158,8 +158,7 @@ def train(config: str, out: str, pool: bool = False, trainers: int = 1, quiet: b
     """Load the config and train (here, or as this MPI rank's role)."""
     from hpc.rl.train_config import load_train_config
 
-    if Path(out).exists() and not Path(out).is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
+    check_out_folder(out)
     cfg = load_train_config(config)
     if pool:
         return _pool(cfg, Path(out), trainers, quiet)

@@ -4,7 +4,6 @@ the merged dataset and manifest, the Ops-6K import, and every emitted task evalu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -328,6 +327,45 @@ def test_an_ops6k_file_imports_into_the_task_format(tmp_path):
     assert lines[0]["code"] == KB_CONV
 
 
+def test_an_ops6k_parquet_file_imports_like_its_jsonl(tmp_path):
+    """The released Ops-6K is parquet: the same rows as parquet (ops a list column) give the
+    same dataset as JSONL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = {"code": [KB_CONV, (TESTS / "fixtures" / "kernelbench" / "19_ReLU.py").read_text()],
+            "ops": [["nn.Conv2d", "torch.relu", "torch.add"], None], "data_source": ["ops6k-test", None]}
+    pq.write_table(pa.table(rows), tmp_path / "ops.parquet")
+    jsonl = tmp_path / "ops.jsonl"
+    jsonl.write_text("\n".join(json.dumps({k: v[i] for k, v in rows.items() if v[i] is not None})
+                               for i in range(2)) + "\n")
+    for src in ("ops.parquet", "ops.jsonl"):
+        proc = hpc("synthesize", "--from", tmp_path / src, "--import-only", "--out", tmp_path / f"run-{src}")
+        assert proc.returncode == 0, proc.stderr
+    dataset = {src: tmp_path / f"run-{src}" / "dataset" for src in ("ops.parquet", "ops.jsonl")}
+    files = {src: sorted((str(p.relative_to(d)), p.read_text()) for p in d.rglob("*.py")) for src, d in dataset.items()}
+    assert files["ops.parquet"] == files["ops.jsonl"] and len(files["ops.parquet"]) == 2
+    manifests = [[{k: x[k] for k in ("code", "ops", "data_source")} for x in map(
+        json.loads, (d / "manifest.jsonl").read_text().splitlines())] for d in dataset.values()]
+    assert manifests[0] == manifests[1] and manifests[0][0]["ops"] == ["nn.Conv2d", "torch.relu", "torch.add"]
+
+
+def test_an_out_folder_under_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "f").write_text("")
+    proc = hpc("synthesize", "--count", 1, "--out", tmp_path / "f" / "run")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: --out {tmp_path / 'f' / 'run'}: {tmp_path / 'f'} is not a folder"], proc.stderr
+
+
+def test_a_file_named_parquet_that_is_not_is_a_one_line_error(tmp_path):
+    src = tmp_path / "ops.parquet"
+    src.write_text('{"code": "x"}\n')
+    proc = hpc("synthesize", "--from", src, "--import-only", "--out", tmp_path / "run")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: ops6k {src}: cannot read as parquet"), proc.stderr
+
+
 @pytest.mark.parametrize("content, message", [
     ('{"code": "x"}\n{"code": \n', "line 2: not valid JSON"),
     ('{"ops": ["relu"]}\n', "line 1: expected an object with a non-empty string 'code'"),
@@ -344,11 +382,14 @@ def test_a_malformed_ops6k_file_is_a_one_line_error(tmp_path, content, message):
 
 
 def test_parquet_without_pyarrow_is_a_one_line_error(tmp_path):
-    if importlib.util.find_spec("pyarrow") is not None:
-        pytest.skip("pyarrow is installed")
+    blocked = tmp_path / "site" / "pyarrow"   # a pyarrow that fails to import, ahead of any installed one
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('no pyarrow here')\n")
     src = tmp_path / "ops.parquet"
     src.write_bytes(b"PAR1")
-    proc = hpc("synthesize", "--from", src, "--out", tmp_path / "run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked.parent), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "synthesize", "--from", str(src), "--out",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: ops6k {src}: reading parquet needs pyarrow (pip install pyarrow), or convert the file to JSONL"]
 
