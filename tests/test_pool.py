@@ -127,3 +127,22 @@ def test_a_request_of_unknown_kind_is_refused_at_submit():
 
     with pytest.raises(ValueError, match="kind must be one of"):
         Coordinator(comm=None, workers=[]).submit(WorkItem(id="x", task="t.py", candidate="c", kind="profile"))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
+@pytest.mark.parametrize("bind, warned", [("core", True), ("none", False)])
+def test_a_worker_rank_bound_to_one_core_says_so(tmp_path, bind, warned):
+    """Open MPI binds each of 2 ranks to a core by default: the worker's compiles and evaluation
+    processes would all share it, so the rank says so (issue 4's H200 pool ran 20% slower bound)."""
+    tasks = tmp_path / "tasks" / "level1"
+    tasks.mkdir(parents=True)
+    shutil.copy(RELU_TASK, tasks / "relu.py")
+    (tmp_path / "candidates").mkdir()   # nothing to evaluate: the worker starts, says what it says, stops
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.run(["mpirun", "-n", "2", "--bind-to", bind, sys.executable, "-m", "mpi4py", "-m", "hpc.pool",
+                           str(tasks.parent), str(tmp_path / "candidates"), "--out", str(tmp_path / "r.h5"),
+                           "--backend", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("pool worker rank 1: bound to 1 of" in proc.stderr) is warned, proc.stderr
+    assert [r.reason for r in read_records(tmp_path / "r.h5")] == [f"no candidate for level1/relu under "
+                                                                   f"{tmp_path / 'candidates'}"]
