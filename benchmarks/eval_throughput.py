@@ -9,7 +9,6 @@ finds them cached, which is the steady state of an RL run where the same tasks r
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -22,23 +21,16 @@ sys.path.insert(0, str(ROOT))
 from hpc.analysis.metrics import stage_seconds  # noqa: E402
 from hpc.config import load_config  # noqa: E402
 from hpc.suite import evaluate_suite  # noqa: E402
-from hpc.task import discover_tasks  # noqa: E402
+from solution_args import solution_parser, solved_tasks  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default=str(ROOT / "kernels/tasks"))
-    ap.add_argument("--solutions", default=str(ROOT / "kernels/solutions"))
-    ap.add_argument("--only", action="append", default=[], help="task-id prefix (repeatable)")
-    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
+    ap = solution_parser(__doc__.splitlines()[0])
     ap.add_argument("--iterations", type=int, default=None)
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     args = ap.parse_args()
 
-    tasks = [t for t in discover_tasks(Path(args.tasks)) if not args.only or
-             any(t.task_id.startswith(p) for p in args.only)]
-    if not tasks:
-        raise SystemExit(f"no tasks under {args.tasks} match {args.only}")
+    tasks = solved_tasks(args)
     figures: dict = {"tasks": [t.task_id for t in tasks], "backend": args.backend, "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory(prefix="hpc-throughput-") as cache:
         cfg = load_config(backend=args.backend, scale="gpu" if args.backend == "cuda" else "cpu", cache_dir=cache)

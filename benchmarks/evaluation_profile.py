@@ -11,7 +11,6 @@ interpreter start unless it was prestarted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -29,7 +28,7 @@ from hpc.pipeline import evaluate  # noqa: E402
 from hpc.sandbox.prestart import prestarted_workers  # noqa: E402
 from hpc.sandbox.process import SandboxedProcess  # noqa: E402
 from hpc.suite import find_candidate  # noqa: E402
-from hpc.task import discover_tasks  # noqa: E402
+from solution_args import solution_parser, solved_tasks  # noqa: E402
 
 
 class RequestClock:
@@ -63,21 +62,16 @@ class RequestClock:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default=str(ROOT / "kernels/tasks"))
-    ap.add_argument("--solutions", default=str(ROOT / "kernels/solutions"))
-    ap.add_argument("--only", action="append", default=[], help="task-id prefix (repeatable)")
-    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
+    ap = solution_parser(__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1, help="evaluations of each solution per setting")
     ap.add_argument("--prestart", default="0,1", help="comma-separated prestart depths to compare")
     ap.add_argument("--fill", action="store_true",
                     help="evaluate each solution once first, untimed (a cold cache: compiles and baselines)")
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     args = ap.parse_args()
-    tasks = [t for t in discover_tasks(Path(args.tasks)) if (not args.only or any(
-        t.task_id.startswith(p) for p in args.only)) and find_candidate(t, Path(args.solutions))]
-    if not tasks or args.repeat < 1:
-        raise SystemExit(f"no task under {args.tasks} matching {args.only} has a solution, or --repeat < 1")
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
+    tasks = solved_tasks(args)
     pairs = [(t, load_candidate(find_candidate(t, Path(args.solutions)))) for t in tasks]
     figures: dict = {"backend": args.backend, "date": time.strftime("%Y-%m-%d"), "tasks": [t.task_id for t in tasks],
                      "repeat": args.repeat, "settings": {}}

@@ -17,7 +17,6 @@ the time went.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from hpc.analysis.metrics import stage_seconds  # noqa: E402
 from hpc.results.hdf5 import read_records  # noqa: E402
 from hpc.suite import find_candidate  # noqa: E402
-from hpc.task import discover_tasks  # noqa: E402
+from solution_args import solution_parser, solved_tasks  # noqa: E402
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -72,11 +71,7 @@ def run_pool(tasks: Path, candidates: Path, out: Path, backend: str, concurrency
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default=str(ROOT / "kernels/tasks"))
-    ap.add_argument("--solutions", default=str(ROOT / "kernels/solutions"))
-    ap.add_argument("--only", action="append", default=[], help="task-id prefix (repeatable)")
-    ap.add_argument("--backend", choices=["cpu", "cuda"], default="cuda")
+    ap = solution_parser(__doc__.splitlines()[0])
     ap.add_argument("--candidates", type=int, default=26, help="distinct candidates per concurrency setting")
     ap.add_argument("--concurrency", default="1,4", help="comma-separated evaluations at once on the worker rank")
     ap.add_argument("--prestart", default="1", help="comma-separated: evaluations whose processes start ahead "
@@ -90,10 +85,7 @@ def main() -> None:
                 for b in args.bind.split(",")]
     if args.candidates < 1 or not settings or min(s[0] for s in settings) < 1 or min(s[1] for s in settings) < 0:
         raise SystemExit("--candidates and every --concurrency must be >= 1, every --prestart >= 0")
-    tasks = [t for t in discover_tasks(Path(args.tasks)) if (not args.only or any(
-        t.task_id.startswith(p) for p in args.only)) and find_candidate(t, Path(args.solutions))]
-    if not tasks:
-        raise SystemExit(f"no task under {args.tasks} matching {args.only} has a solution in {args.solutions}")
+    tasks = solved_tasks(args)
     work = Path(args.keep or tempfile.mkdtemp(prefix="hpc-pool-throughput-"))
     work.mkdir(parents=True, exist_ok=True)
     figures: dict = {"backend": args.backend, "tasks": [t.task_id for t in tasks], "date": time.strftime("%Y-%m-%d"),
