@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from hpc.errors import UserError
 from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_token_rewards, masked_mean,
                                masked_whiten)
+from hpc.rl.batch import pack
 from hpc.rl.config import load_rl_config
 from hpc.rl.losses import entropy_from_logits, explained_variance, kl_penalty, policy_loss, value_loss
 
@@ -123,6 +125,12 @@ def test_kl_estimators_entropy_and_explained_variance():
     with pytest.raises(ValueError):
         kl_penalty(p, q, "k2")
     assert float(entropy_from_logits(torch.zeros(1, 8))[0]) == pytest.approx(math.log(8))
+    # The padded vocabulary's columns (-inf) add nothing, and the gradient stays finite.
+    padded = torch.cat([torch.zeros(1, 8), torch.full((1, 4), float("-inf"))], dim=1).requires_grad_()
+    entropy = entropy_from_logits(padded)
+    assert float(entropy.detach()[0]) == pytest.approx(math.log(8))
+    entropy.sum().backward()
+    assert torch.isfinite(padded.grad).all()
     r = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     mask = torch.ones(1, 4)
     assert explained_variance(r, r, mask) == pytest.approx(1.0)
@@ -142,3 +150,35 @@ def test_rl_config_defaults_are_the_papers_and_errors_name_the_key(tmp_path):
         load_rl_config({"algorithm": "dpo"})
     with pytest.raises(UserError, match="config rl.lam: expected float"):
         load_rl_config({"lam": "high"})
+
+
+def test_rl_config_ppo_epochs_and_minibatches_are_integers_of_one_or_more():
+    assert (load_rl_config().ppo_epochs, load_rl_config().minibatches) == (1, 1)
+    cfg = load_rl_config({"ppo_epochs": 4, "minibatches": 8})
+    assert (cfg.ppo_epochs, cfg.minibatches) == (4, 8)
+    for key in ("ppo_epochs", "minibatches"):
+        with pytest.raises(UserError, match=f"config rl.{key}: must be an integer >= 1, got 0"):
+            load_rl_config({key: 0})
+        with pytest.raises(UserError, match=f"config rl.{key}: expected int, got float 2.0"):
+            load_rl_config({key: 2.0})
+        with pytest.raises(UserError, match=f"config rl.{key}: expected int, got bool True"):
+            load_rl_config({"rl": {key: True}})
+        with pytest.raises(UserError, match=f"config rl.{key}: must be an integer >= 1, got 2.0"):
+            dataclasses.replace(cfg, **{key: 2.0}).validate()
+
+
+def test_selecting_rows_of_a_batch_is_packing_them_alone():
+    """A minibatch: the rows in the order asked, their masks, log-probs and rewards with them, cut
+    to the longest of them (padding the batch's other rows needed is dropped)."""
+    seqs = [[5, 6, 7], [1, 2, 3, 4, 5, 6], [8, 9], [3, 3, 3, 3]]
+    generated = [[False, True, True], [False, False, True, True, False, True], [False, True],
+                 [False, False, True, True]]
+    logprobs = [[0.0, -0.5, -0.7], [0.0, 0.0, -1.0, -1.5, 0.0, -0.2], [0.0, -0.1], [0.0, 0.0, -2.0, -0.3]]
+    rewards = [1.0, -1.0, 0.5, 2.0]
+    full = pack(seqs, generated, logprobs, rewards, pad_id=0)
+    for rows in ([2, 0], [1], [3, 1, 0, 2], [2], [0, 3]):
+        alone = pack(*([x[i] for i in rows] for x in (seqs, generated, logprobs, rewards)), pad_id=0)
+        got = full.select(rows)
+        assert len(got) == len(rows)
+        for field in ("tokens", "pad_mask", "action_mask", "old_logprobs", "rewards"):
+            assert torch.equal(getattr(got, field), getattr(alone, field)), (rows, field)

@@ -50,6 +50,9 @@ def _run(args: list[str], timeout: float = 900, env: dict | None = None) -> subp
     ({"tokenizer": "bpe:12"}, "config tokenizer: bpe:N needs a vocabulary size"),
     ({"agent": {"max_context_tokens": 4096, "max_response_tokens": 256}}, "exceeds policy.max_seq_len"),
     ({"policy": {"preset": "tiny", "parallel": {"tensor": 2}}}, "config policy.parallel"),
+    ({"rl": {"ppo_epochs": 0}}, "config rl.ppo_epochs: must be an integer >= 1, got 0"),
+    ({"rl": {"minibatches": 2.5}}, "config rl.minibatches: expected int, got float 2.5"),
+    ({"rl": {"minibatches": 32}}, "config rl.minibatches: 32 minibatches, but stages[2] samples 16 episodes"),
 ])
 def test_bad_configs_name_the_key(change, message):
     data = yaml.safe_load(DEFAULT.read_text())
@@ -71,6 +74,22 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: config stages[0].kind: expected one of sft, ppo, rft, value, "
                                                "measure, got 'tune'"]
+
+
+def test_a_config_with_more_minibatches_than_a_rank_has_episodes_is_an_error_and_exit_2(tmp_path):
+    """Two tasks per step of groups of 2 split into 3 minibatches on paper, but `only` selects one
+    task: the trainer says so before training (not at its first RL step)."""
+    config = small_config(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    data["rl"]["minibatches"] = 3
+    data["rollout"]["tasks_per_step"] = 2
+    config.write_text(yaml.safe_dump(data))
+    out = _run([sys.executable, "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run")], timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]      # before it, only megatron's import warnings
+    assert out.stderr.strip().splitlines()[-1] == ("error: config rl.minibatches: 3 minibatches, but stage ppo gives a "
+                                                   "trainer rank as few as 2 episodes per step (tasks selected: 1, "
+                                                   "trainer ranks: 1)")
 
 
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
@@ -141,7 +160,8 @@ def test_resume_continues_with_the_same_next_step(tmp_path):
 
 def test_every_stage_kind_of_the_recipe_runs_in_order(tmp_path):
     """The paper's pipeline at toy scale: SFT, single-turn PPO, rejection sampling of multi-turn
-    episodes, SFT on what it kept, value pretraining, multi-turn PPO; each stage's metrics land."""
+    episodes, SFT on what it kept, value pretraining, multi-turn PPO (each PPO step 2 epochs of 2
+    minibatches); each stage's metrics land, with the optimizer steps it took."""
     from jobs.train import train
     from hpc.results.training import read_steps, read_trajectories
 
@@ -154,6 +174,7 @@ def test_every_stage_kind_of_the_recipe_runs_in_order(tmp_path):
     config = small_config(tmp_path, stages=stages)
     data = yaml.safe_load(config.read_text())
     data["agent"].update(max_turns=2, end_without_tool_call=False)
+    data["rl"].update(ppo_epochs=2, minibatches=2)      # each PPO step: 2 passes over its 2 episodes, 1 a step
     config.write_text(yaml.safe_dump(data))
     summary = train(str(config), str(tmp_path / "run"), quiet=True)
     assert summary["steps"] == 85
@@ -164,6 +185,8 @@ def test_every_stage_kind_of_the_recipe_runs_in_order(tmp_path):
     assert by_stage["rft_sample"]["samples_kept"] >= 1
     assert by_stage["rft"]["sft_loss"] > 0 and by_stage["value_pretrain"]["value_loss"] >= 0
     assert by_stage["ppo_multi"]["turns_mean"] >= 1
+    assert {stage: by_stage[stage]["optimizer_steps"] for stage in by_stage} == {
+        "warmup_sft": 1, "ppo_single": 4, "rft_sample": 0, "rft": 1, "value_pretrain": 1, "ppo_multi": 4}
     multi = read_trajectories(tmp_path / "run" / "train.h5", step=85)
     assert len(multi) == 2 and all(t["mode"] == "multi_turn" for t in multi)
 

@@ -180,6 +180,32 @@ def test_files_without_or_with_malformed_training_data_are_user_errors(tmp_path)
         TrainingWriter(other)
 
 
+def test_a_file_of_schema_version_1_reads_and_continues_with_the_columns_added_since(tmp_path):
+    """A run started before `optimizer_steps` (version 1): its rows read it as NaN, and resuming
+    into the same file adds the column (NaN for the old rows) and marks the file version 2."""
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(1, "sft", 1, sft_loss=2.0))
+        w.append_step(step_row(2, "sft", 2, sft_loss=1.0))
+    with h5py.File(path, "a") as f:     # what a version-1 writer left
+        del f["train/steps/optimizer_steps"]
+        f["train"].attrs["schema_version"] = 1
+    old = read_steps(path)
+    assert [r["sft_loss"] for r in old] == [2.0, 1.0] and all(math.isnan(r["optimizer_steps"]) for r in old)
+    with TrainingWriter(path) as w:
+        w.truncate_after(1)
+        w.append_step(step_row(2, "ppo", 1, optimizer_steps=4))
+    rows = read_steps(path)
+    assert [r["stage"] for r in rows] == ["sft", "ppo"]
+    assert math.isnan(rows[0]["optimizer_steps"]) and rows[1]["optimizer_steps"] == 4
+    with h5py.File(path, "r") as f:
+        assert f["train"].attrs["schema_version"] == 2 and f["train/steps/optimizer_steps"].shape == (2,)
+    with h5py.File(path, "a") as f:     # a version-2 file without the column is malformed
+        del f["train/steps/optimizer_steps"]
+    with pytest.raises(UserError, match="/train/steps lacks columns optimizer_steps"):
+        read_steps(path)
+
+
 def write_training(path, stages: list[tuple[str, int]], records: list[EvalRecord] = ()) -> None:
     step = 0
     with TrainingWriter(path, {"config": json.dumps({"rl": {}})}) as w:
@@ -248,4 +274,4 @@ def test_analyze_of_malformed_training_data_is_one_error_line(tmp_path, capsys):
         f["train"].attrs["schema_version"] = 7
     assert analyze_main([str(path), "--out", str(tmp_path / "report")]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: results {path}: /train is not training data of schema version 1..1"]
+        f"error: results {path}: /train is not training data of schema version 1..2"]

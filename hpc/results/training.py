@@ -8,7 +8,8 @@ the hpc.results.hdf5 kind, so the same writer lock, crash recovery and SWMR read
 trajectories' steps never decrease, so a resumed run cuts both tables after its checkpoint's step
 (truncate_after) and continues without duplicate rows. An evaluation of a policy (hpc.rl.evaluation)
 writes its trajectories to the same table beside its records (EvaluationWriter): no step rows, the
-trajectories' step is the checkpoint's.
+trajectories' step is the checkpoint's. A file of an older schema version reads the step columns
+added since (STEP_ADDED_IN) as NaN; its next writer adds them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hpc.results.hdf5 import (AppendingFile, ResultWriter, append_rows, column_d
 TRAIN_GROUP = "train"
 STEPS = "steps"
 TRAJECTORIES = "trajectories"
-TRAIN_SCHEMA_VERSION = 1
+TRAIN_SCHEMA_VERSION = 2
 
 # One step row, in column order. Floats are NaN where a stage does not measure them (no KL in SFT).
 STEP_FIELDS: dict[str, type] = {
@@ -42,11 +43,14 @@ STEP_FIELDS: dict[str, type] = {
         "kl_to_reference", "entropy", "clip_fraction", "approx_kl", "policy_loss", "value_loss", "sft_loss",
         "explained_variance", "advantage_mean", "response_length_mean", "response_clipped_ratio",
         "malformed_rate", "turns_mean", "tokens_per_second", "generation_s", "reward_s", "update_s", "step_s",
-        "samples_kept")},
+        "samples_kept", "optimizer_steps")},
     "samples": int,                 # trajectories (or sequences) the step learned from
     "timestamp": float,             # Unix time; the time of writing when not given
 }
 REQUIRED = tuple(name for name, tp in STEP_FIELDS.items() if tp is not float)
+# Step columns newer than schema version 1: an older file reads them as NaN, and its next writer
+# adds them (NaN for the rows already there) and marks the file with the current version.
+STEP_ADDED_IN = {"optimizer_steps": 2}
 TRAJECTORY_FIELDS: dict[str, type] = {"step": int, "stage": str, "task_id": str, "reward": float,
                                       "end_reason": str, "data": str}
 TRAJECTORY_KEYS = ("task_id", "reward", "end_reason")   # every trajectory dict has these (and data is all of it)
@@ -62,9 +66,8 @@ class TrainingWriter(AppendingFile):
             _create_layout(self.file)
         else:
             group = _train_group(self.file, self.path)
-            if group.attrs["schema_version"] != TRAIN_SCHEMA_VERSION:
-                raise UserError(f"results {self.path}: training data of schema version "
-                                f"{group.attrs['schema_version']}; new training data goes to a new file")
+            if group.attrs["schema_version"] < TRAIN_SCHEMA_VERSION:
+                _upgrade(group)
         self.steps = self.file[TRAIN_GROUP][STEPS]
         self.trajectories = self.file[TRAIN_GROUP][TRAJECTORIES]
         self.last_step = _last_step(self.steps)     # 0 before the first row
@@ -149,6 +152,18 @@ def _create_layout(f: h5py.File) -> None:
             table.create_dataset(column, shape=(0,), maxshape=(None,), dtype=column_dtype(tp), chunks=(64,))
 
 
+def _upgrade(group: h5py.Group) -> None:
+    """An older /train group to the current version: the step columns added since, NaN in every
+    row already there (a run started before them resumes into the same file)."""
+    steps = group[STEPS]
+    for column in STEP_ADDED_IN:
+        if column not in steps:
+            length = steps["step"].shape[0]
+            steps.create_dataset(column, data=np.full(length, np.nan), maxshape=(None,),
+                                 dtype=column_dtype(STEP_FIELDS[column]), chunks=(64,))
+    group.attrs["schema_version"] = TRAIN_SCHEMA_VERSION
+
+
 def _last_step(table: h5py.Group) -> int:
     count = int(table.attrs["count"])
     return int(table["step"][count - 1]) if count else 0
@@ -179,8 +194,9 @@ def _train_group(f: h5py.File, path: Path) -> h5py.Group:
                         f"1..{TRAIN_SCHEMA_VERSION}")
     for name, fields in ((STEPS, STEP_FIELDS), (TRAJECTORIES, TRAJECTORY_FIELDS)):
         table = group.get(name)
-        missing = list(fields) if not isinstance(table, h5py.Group) or "count" not in table.attrs else \
-            [column for column in fields if column not in table]
+        expected = [column for column in fields if name != STEPS or STEP_ADDED_IN.get(column, 1) <= version]
+        missing = expected if not isinstance(table, h5py.Group) or "count" not in table.attrs else \
+            [column for column in expected if column not in table]
         if missing:
             raise UserError(f"results {path}: malformed training data, /{TRAIN_GROUP}/{name} lacks columns "
                             f"{', '.join(missing[:5])}")
@@ -191,7 +207,8 @@ def read_steps(path: str | os.PathLike) -> list[dict]:
     """Every complete step row, as written (NaN where not measured); SWMR-safe while training runs."""
     path = Path(path)
     columns, n = read_retrying(path, lambda f: complete_rows(_train_group(f, path)[STEPS]))
-    return [{name: to_python(columns[name][i]) for name in STEP_FIELDS} for i in range(n)]
+    return [{name: to_python(columns[name][i]) if name in columns else math.nan for name in STEP_FIELDS}
+            for i in range(n)]
 
 
 def read_trajectories(path: str | os.PathLike, step: int | None = None) -> list[dict]:

@@ -26,6 +26,20 @@ class RolloutBatch:
     def response_lengths(self) -> torch.Tensor:
         return self.action_mask.sum(dim=1)
 
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def select(self, rows: torch.Tensor | Sequence[int]) -> RolloutBatch:
+        """The batch of these rows, in this order, cut to their longest sequence (what `pack`
+        gives for them alone): a minibatch of short rows does not pay for the batch's longest.
+        A [B, T-1] tensor that goes with the batch is cut alike by `x[rows, :new.tokens.shape[1] - 1]`."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.tokens.device)
+        used = torch.nonzero((~self.pad_mask[rows]).any(dim=0))     # columns some selected row fills
+        width = max(int(used[-1]) + 1 if len(used) else 0, 2)
+        return RolloutBatch(self.tokens[rows, :width], self.pad_mask[rows, :width],
+                            self.action_mask[rows, :width - 1], self.old_logprobs[rows, :width - 1],
+                            self.rewards[rows])
+
 
 def pack(sequences: Sequence[Sequence[int]], generated: Sequence[Sequence[bool]],
          logprobs: Sequence[Sequence[float]], rewards: Sequence[float], pad_id: int,

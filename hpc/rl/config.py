@@ -1,7 +1,8 @@
 """The RL algorithm's settings: a dataclass loaded from YAML, errors naming the key.
 
 Defaults are CUDA Agent's (arXiv 2602.24286): PPO with a critic, GAE gamma 1 and lambda 0.95,
-asymmetric clipping 0.2 / 0.28, actor learning rate 3e-6, critic 6e-6.
+asymmetric clipping 0.2 / 0.28, actor learning rate 3e-6, critic 6e-6. One rollout batch is one
+optimizer step unless `ppo_epochs` / `minibatches` say otherwise (hpc.rl.update.ppo_epochs).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class RLConfig:
     whiten_advantages: bool = True  # ppo: GAE advantages to zero mean, unit variance over the batch (as verl)
     group_size: int = 8             # samples per task (GRPO's group)
     grpo_scale: bool = True         # divide by the group's std
+    ppo_epochs: int = 1             # passes over each rollout batch (ppo and grpo alike)
+    minibatches: int = 1            # optimizer steps per pass: the batch's rows, shuffled, split in this many parts
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -52,6 +55,10 @@ class RLConfig:
                 raise UserError(f"config rl.{key}: must be > 0, got {getattr(self, key)}")
         if self.group_size < 1:
             raise UserError(f"config rl.group_size: must be >= 1, got {self.group_size}")
+        for key in ("ppo_epochs", "minibatches"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"config rl.{key}: must be an integer >= 1, got {value!r}")
 
 
 def load_rl_config(source: str | os.PathLike | dict[str, Any] | None = None) -> RLConfig:

@@ -152,6 +152,10 @@ def validate(cfg: TrainConfig) -> None:
     for i, s in enumerate(cfg.stages):
         if s.kind == "ppo" and cfg.rl.algorithm == "grpo" and s.samples_per_task == 1:
             raise UserError(f"config stages[{i}].samples_per_task: grpo needs groups of 2 or more")
+        episodes = r.tasks_per_step * (s.samples_per_task or cfg.rl.group_size)
+        if s.kind == "ppo" and episodes < cfg.rl.minibatches:
+            raise UserError(f"config rl.minibatches: {cfg.rl.minibatches} minibatches, but stages[{i}] samples "
+                            f"{episodes} episodes per step (rollout.tasks_per_step x samples per task)")
         if s.kind in ("sft", "value") and s.data == "rft" or s.kind == "value":
             if not any(p.kind == "rft" for p in cfg.stages[:i]):
                 raise UserError(f"config stages[{i}]: {s.kind} on rft data needs an rft stage before it")

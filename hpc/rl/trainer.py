@@ -41,7 +41,7 @@ from hpc.rl.demonstrations import Demonstration, demonstrations
 from hpc.rl.rollout import Sample, rollout
 from hpc.rl.supervised import reference_logprobs, sft_step, value_step
 from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config, train_config_dict
-from hpc.rl.update import update
+from hpc.rl.update import ppo_epochs
 from hpc.task import Task, discover_tasks
 
 if TYPE_CHECKING:
@@ -199,6 +199,7 @@ class Trainer:
         self.device = torch.device(self.layout.device)
         self.dp = DataParallel()
         self.tasks = select_tasks(cfg.tasks, cfg.only)
+        self._check_minibatches()
         self.demos: list[Demonstration] = []
         if any(s.kind == "sft" and s.data == "solutions" for s in cfg.stages) or cfg.tokenizer.startswith(BPE_KINDS):
             self.demos = demonstrations(self.tasks, cfg.solutions, cfg.eval.backend, cfg.starter_demonstrations)
@@ -211,6 +212,18 @@ class Trainer:
         self._resume()
 
     # -- set-up -----------------------------------------------------------------------------
+    def _check_minibatches(self) -> None:
+        """Every trainer rank takes the same ppo_epochs x minibatches optimizer steps per RL step
+        (their gradients are averaged at each): so each rank's share of a step's episodes must
+        split into rl.minibatches parts. Said here, not at the first RL step."""
+        tasks = max(1, min(self.cfg.rollout.tasks_per_step, len(self.tasks)) // self.dp.size)
+        for stage in self.cfg.stages:
+            rows = tasks * (stage.samples_per_task or self.cfg.rl.group_size)
+            if stage.kind == "ppo" and rows < self.cfg.rl.minibatches:
+                raise UserError(f"config rl.minibatches: {self.cfg.rl.minibatches} minibatches, but stage "
+                                f"{stage.name} gives a trainer rank as few as {rows} episodes per step "
+                                f"(tasks selected: {len(self.tasks)}, trainer ranks: {self.dp.size})")
+
     def _tokenizer(self) -> Tokenizer:
         spec = self.cfg.tokenizer
         if not spec.startswith(BPE_KINDS):
@@ -382,6 +395,7 @@ class Trainer:
             self.rft_samples += samples
             kept = [s for s in self.rft_samples if _keep(s, stage.min_reward)]
             metrics["samples_kept"] = len(kept)
+        metrics.setdefault("optimizer_steps", 0)     # rft, measure: sampled only
         metrics["update_s"] = time.monotonic() - t0
         return metrics, samples
 
@@ -417,7 +431,7 @@ class Trainer:
                      [0.0] * len(rows), self.tokenizer.pad_id, self.device)
         t0 = time.monotonic()
         loss = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size)
-        return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows)}
+        return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows), "optimizer_steps": 1}
 
     def _value(self, stage: StageConfig) -> dict[str, Any]:
         rows = self._minibatch(self.rft_samples, stage.batch_size, 2)
@@ -425,7 +439,7 @@ class Trainer:
         t0 = time.monotonic()
         loss, ev = value_step(self.critic, self.critic_opt, batch)
         return {"value_loss": loss, "explained_variance": ev, "update_s": time.monotonic() - t0,
-                "samples": len(rows)}
+                "samples": len(rows), "optimizer_steps": 1}
 
     # -- sampling and RL ----------------------------------------------------------------------
     def _step_tasks(self) -> list[Task]:
@@ -478,9 +492,10 @@ class Trainer:
         rl = dataclasses.replace(self.cfg.rl, group_size=group)
         batch = _batch(samples, self.tokenizer.pad_id, self.device)
         ref = reference_logprobs(self.reference, batch, self.model_cfg.vocab_size) if self.reference is not None else None
-        stats = update(self.policy, self.actor_opt, batch, rl, self.model_cfg.vocab_size,
-                       critic=self.critic if rl.algorithm == "ppo" else None,
-                       critic_opt=self.critic_opt if rl.algorithm == "ppo" else None, ref_logprobs=ref)
+        stats = ppo_epochs(self.policy, self.actor_opt, batch, rl, self.model_cfg.vocab_size,
+                           critic=self.critic if rl.algorithm == "ppo" else None,
+                           critic_opt=self.critic_opt if rl.algorithm == "ppo" else None, ref_logprobs=ref,
+                           rng=self._rng(5))
         out = stats.as_dict()
         out.pop("reward_mean")
         return out

@@ -1,15 +1,22 @@
-"""One RL update of the policy (and critic) on a batch of rollouts.
+"""The RL update of the policy (and critic) on a batch of rollouts.
 
 PPO with a critic (the paper's): the critic's values at the generated targets, GAE over them
 with the outcome reward on the last generated token, the clipped policy loss and the value loss,
 each model stepping its own optimizer. GRPO: the group-normalized reward as every generated
 token's advantage, no critic. Both add the KL to a reference policy's log-probs when `kl_coef`
 > 0, and an entropy bonus when `entropy_coef` > 0. The statistics come back for the metrics.
+
+`update` is one optimizer step on one (mini)batch; `ppo_epochs` is what the trainer calls per
+rollout batch: advantages, returns and the critic's values once from the batch as sampled, then
+`rl.ppo_epochs` passes, each over the rows shuffled and split into `rl.minibatches` parts, one
+`update` per part, the ratio always against the sampler's log-probs (as verl, OpenRLHF, CleanRL).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+import random
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -34,6 +41,23 @@ class UpdateStats:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass
+class EpochsStats:
+    """A rollout batch's update. `mean`: each statistic averaged over the optimizer steps, except
+    those of the batch as sampled (explained variance, advantage and reward means), taken over the
+    whole batch; `steps`: each minibatch step's own, in order."""
+
+    mean: UpdateStats
+    steps: list[UpdateStats]
+
+    @property
+    def optimizer_steps(self) -> int:
+        return len(self.steps)
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.mean.as_dict(), "optimizer_steps": self.optimizer_steps}
 
 
 def _policy_logprobs(policy: torch.nn.Module, batch: RolloutBatch, vocab_size: int, with_entropy: bool):
@@ -76,10 +100,12 @@ def advantages(batch: RolloutBatch, cfg: RLConfig, critic: torch.nn.Module | Non
 def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: RolloutBatch, cfg: RLConfig,
            vocab_size: int, critic: torch.nn.Module | None = None,
            critic_opt: torch.optim.Optimizer | None = None,
-           ref_logprobs: torch.Tensor | None = None) -> UpdateStats:
-    """One optimizer step of the policy (and, for PPO, of the critic) on `batch`."""
+           ref_logprobs: torch.Tensor | None = None, targets: tuple | None = None) -> UpdateStats:
+    """One optimizer step of the policy (and, for PPO, of the critic) on `batch`. `targets`: what
+    `advantages` gave for these rows (a minibatch's share of the whole batch's); None: computed
+    from `batch` here."""
     mask = batch.action_mask
-    adv, returns, old_values = advantages(batch, cfg, critic)
+    adv, returns, old_values = advantages(batch, cfg, critic) if targets is None else targets
 
     policy.train()
     logp, entropy = _policy_logprobs(policy, batch, vocab_size, with_entropy=cfg.entropy_coef > 0)
@@ -113,3 +139,52 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
                        kl_to_reference=float(kl.detach()), entropy=ent,
                        explained_variance=ev, advantage_mean=float(masked_mean(adv, mask)),
                        reward_mean=float(batch.rewards.mean()))
+
+
+def minibatch_rows(n: int, minibatches: int, rng: random.Random) -> list[list[int]]:
+    """One pass's split of rows 0..n-1: shuffled by `rng`, then `minibatches` contiguous parts
+    whose sizes differ by at most one (the first ones larger). One part: the rows in order, and
+    `rng` is not drawn from (the whole batch, as a single update sees it)."""
+    if not 1 <= minibatches <= n:
+        raise ValueError(f"{n} rows do not split into {minibatches} minibatches")
+    order = list(range(n))
+    if minibatches > 1:
+        rng.shuffle(order)
+    size, extra = divmod(n, minibatches)
+    parts, start = [], 0
+    for k in range(minibatches):
+        stop = start + size + (k < extra)
+        parts.append(order[start:stop])
+        start = stop
+    return parts
+
+
+def ppo_epochs(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: RolloutBatch, cfg: RLConfig,
+               vocab_size: int, critic: torch.nn.Module | None = None,
+               critic_opt: torch.optim.Optimizer | None = None, ref_logprobs: torch.Tensor | None = None,
+               rng: random.Random | None = None) -> EpochsStats:
+    """The update of one rollout batch: `cfg.ppo_epochs` x `cfg.minibatches` optimizer steps of
+    the policy (and the critic for ppo). Advantages, returns and the critic's values come from the
+    whole batch before the first step (GRPO's groups and the whitening see every row); each pass
+    shuffles the rows with `rng` (the trainer's seeded one: reproducible) and steps on each part,
+    the ratio against the sampler's log-probs. With 1 x 1 this is `update(...)` on the batch."""
+    rng = rng if rng is not None else random.Random(0)
+    if len(batch) < cfg.minibatches:
+        raise ValueError(f"rl.minibatches {cfg.minibatches}: the batch has only {len(batch)} rows")
+    targets = advantages(batch, cfg, critic)
+    steps = []
+    for _ in range(cfg.ppo_epochs):
+        for rows in minibatch_rows(len(batch), cfg.minibatches, rng):
+            part = batch.select(rows)
+            index, width = torch.as_tensor(rows, device=batch.tokens.device), part.tokens.shape[1] - 1
+            cut = lambda x: None if x is None else x[index, :width]  # noqa: E731
+            steps.append(update(policy, actor_opt, part, cfg, vocab_size, critic=critic, critic_opt=critic_opt,
+                                ref_logprobs=cut(ref_logprobs), targets=tuple(cut(x) for x in targets)))
+    mean = UpdateStats(**{f.name: sum(getattr(s, f.name) for s in steps) / len(steps) for f in fields(UpdateStats)})
+    adv, returns, values = targets
+    mask = batch.action_mask
+    # Of the batch as sampled, not of the policy's steps: over all of it, not averaged over parts.
+    mean.explained_variance = explained_variance(values, returns, mask) if values is not None else math.nan
+    mean.advantage_mean = float(masked_mean(adv, mask))
+    mean.reward_mean = float(batch.rewards.mean())
+    return EpochsStats(mean, steps)
