@@ -88,8 +88,9 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         rec.fail("static", defect)
         return
     if stop_after == "compile":
-        with tempfile.TemporaryDirectory(prefix="hpc-compile-") as workroot:
-            _compile(rec, candidate, cfg, candidate.materialize(Path(workroot)).parent)
+        if candidate.kind != SINGLE_FILE:   # a single file's load_inline builds when loaded
+            with tempfile.TemporaryDirectory(prefix="hpc-compile-") as workroot:
+                _compile(rec, candidate, cfg, candidate.materialize(Path(workroot)).parent, [])
         clock.mark("compile")
         return
     seeds = _Seeds.draw(cfg)
@@ -102,7 +103,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         stack.callback(pair.close)
         stack.callback(pair.kill)   # first: the harness has its results; an orderly exit took seconds
         model_file = candidate.materialize(pair.candidate_dir)
-        env = _compile(rec, candidate, cfg, pair.candidate_dir)
+        env = _compile(rec, candidate, cfg, pair.candidate_dir, writable)
         clock.mark("compile")
         if rec.failed_stage:
             return
@@ -137,12 +138,13 @@ def _extension_dir(candidate: Candidate, cfg: EvalConfig) -> list[Path]:
     return [ext_dir]
 
 
-def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: Path) -> dict[str, str]:
+def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: Path,
+             extension_dirs: list[Path]) -> dict[str, str]:
     """Workdir: build kernels now, outside the sandbox's reach. Single file: load_inline builds on
-    import. Returns the environment the candidate's process loads it with."""
+    import, into `extension_dirs` (`_extension_dir`). Returns the environment the candidate's
+    process loads it with."""
     if candidate.kind == SINGLE_FILE:
-        return {"TORCH_EXTENSIONS_DIR": str(_extension_dir(candidate, cfg)[0]),
-                "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
+        return {"TORCH_EXTENSIONS_DIR": str(extension_dirs[0]), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
     result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]

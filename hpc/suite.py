@@ -46,7 +46,7 @@ def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
 
     With `jobs` > 1 that many evaluations run at once on the one device: compiles, process starts,
     baselines' torch.compile and correctness overlap, while every timed run holds the device alone
-    (hpc.profile.device_lock). The next `jobs` evaluations' worker processes start while these run.
+    (hpc.profile.device_lock). Worker processes of the next evaluations start while these run.
     """
     def one(task: Task) -> EvalRecord:
         path = find_candidate(task, candidates_root)
@@ -58,7 +58,7 @@ def evaluate_suite(tasks: list[Task], candidates_root: Path, cfg: EvalConfig,
             return unevaluated(task, path, cfg, str(e))
 
     records: dict[int, EvalRecord] = {}
-    with prestarted_workers(max(1, jobs) if default_depth() else 0), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
+    with prestarted_workers(default_depth(jobs)), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
             Progress(len(tasks), "eval-suite") as progress:
         futures = {pool.submit(one, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):

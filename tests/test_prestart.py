@@ -32,11 +32,11 @@ def _alive(pid: int) -> bool:
 def test_evaluations_in_a_block_take_prestarted_processes_and_leave_none_behind(fast_config):
     task, candidate = load_task(RELU_TASK), load_candidate(SOLUTION)
     seen: list[tuple[int, int]] = []
-    real_run = prestart.WorkerPair.kill
+    real_kill = prestart.WorkerPair.kill
 
     def spy(pair):
         seen.append((pair.reference.proc.pid, pair.program.proc.pid))
-        real_run(pair)
+        real_kill(pair)
 
     with prestarted_workers(1) as spares, pytest.MonkeyPatch.context() as mp:
         mp.setattr(prestart.WorkerPair, "kill", spy)

@@ -81,18 +81,15 @@ def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, con
     """Serve requests from `coordinator` until told to stop.
 
     Up to `concurrency` (None: `default_concurrency`) requests are evaluated at once on this
-    rank's device (their compiles,
-    correctness runs and transfers overlap; each timing holds the device alone through
-    hpc.profile.device_lock), and one more waits with its workdir compiling. Returns False when
+    rank's device (their compiles, correctness runs and transfers overlap; each timing holds the
+    device alone through hpc.profile.device_lock), and one more waits with its workdir compiling. Returns False when
     the coordinator said to skip MPI_Finalize (a rank of the job was lost). `prestart` evaluations'
     worker processes are kept started ahead (hpc.sandbox.prestart; 0: each starts its own; None:
-    half of `concurrency`, at least one, where the node has the cores: at 4 at once on an H200, 2
-    ahead evaluated 1.6x as many as 1).
+    `default_depth(concurrency)`).
     """
     warn_if_one_core(comm.Get_rank())
     concurrency = concurrency or default_concurrency(cfg.backend)
-    if prestart is None:
-        prestart = max(1, concurrency // 2) if default_depth() else 0
+    prestart = default_depth(concurrency) if prestart is None else prestart
     stop = threading.Event()
     send_lock = threading.Lock()
 

@@ -173,10 +173,11 @@ _active: PrestartedWorkers | None = None
 _active_lock = threading.Lock()
 
 
-def default_depth() -> int:
-    """One spare pair where there are cores to start it on; none on a 2-3 core machine, where its
-    interpreter's start would only slow the evaluation it overlaps."""
-    return 1 if len(os.sched_getaffinity(0)) >= 4 else 0
+def default_depth(at_once: int = 1) -> int:
+    """Spare pairs for `at_once` evaluations running together: half as many, at least one (on an
+    H200, 4 at once with 2 ahead evaluated 1.6x as many as with 1); none on a 2-3 core machine,
+    where a spare's start would only slow the evaluation it overlaps."""
+    return max(1, at_once // 2) if len(os.sched_getaffinity(0)) >= 4 else 0
 
 
 @contextmanager
