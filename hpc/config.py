@@ -79,6 +79,7 @@ class SandboxConfig:
     max_file_mb: int = 1024
     isolate_network: bool = True
     restrict_writes: bool = True          # Landlock: writes only in the workdir and a private tmp
+    share_outputs: bool = True            # cuda: outputs compared in the reference's worker via CUDA IPC
 
 
 @dataclass

@@ -7,6 +7,7 @@ are compared here. Every stage that fails leaves a named reason in the record.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,10 +28,11 @@ from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import TimingStats
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
+from hpc.sandbox import cuda_ipc
 from hpc.sandbox.prestart import WorkerPair, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
-from hpc.verify.compare import compare_fingerprints, compare_outputs
+from hpc.verify.compare import Comparison, compare_fingerprints, compare_outputs
 from hpc.verify.static import kernel_defect, link_flags, source_defect
 
 _BUILD_FAILED = "Error building extension"
@@ -188,7 +190,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         with lock.shared():   # both set up at once; the reference's failure is the task's, reported first
             ref.send(setup)
             cand.send({**setup, **timing_setup(cfg), "program": "candidate", "model_file": str(model_file),
-                       "environment": env,
+                       "environment": env, "share_outputs": cfg.backend == "cuda" and cfg.sandbox.share_outputs,
                        "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
                                   "require_custom_kernel": cfg.policy.require_custom_kernel}})
             try:
@@ -196,11 +198,14 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             except SandboxError as e:
                 rec.fail("load", f"reference: {e.reason}", "error")
                 return False
-            cand.receive("setup")
+            loaded = cand.receive("setup")
+            share = "ipc_probe" in loaded and ref.request(
+                {"op": "probe_ipc", "probe": loaded["ipc_probe"]}).get("ok") is True
+            rec.isolation = json.dumps({**cand.isolation, "outputs_shared": share})
         rec.compiled = True
         clock.mark("load")
         stage = "correctness"
-        dtypes = _check_correctness(rec, ref, cand, seeds.trials, cfg, lock)
+        dtypes = _check_correctness(rec, ref, cand, seeds.trials, cfg, lock, share)
         clock.mark("correctness")
         if rec.failed_stage or stop_after == "correctness":
             return False
@@ -234,19 +239,27 @@ def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: 
 
 
 def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, trials: list,
-                       cfg: EvalConfig, lock: DeviceLock) -> list:
-    """One trial at a time, so at most one trial's outputs are held here at once."""
+                       cfg: EvalConfig, lock: DeviceLock, share: bool) -> list:
+    """One trial at a time, so at most one trial's outputs are held here at once. With `share`
+    (CUDA IPC works between the two processes) the reference keeps its outputs on the device
+    and compares the program's there (`_compare_shared`): no output crosses a pipe."""
     dtypes: list = []
     on_gpu = cfg.backend == "cuda"
     rec.max_abs_error = rec.max_rel_error = 0.0
     for k, trial in enumerate(trials):
         with lock.shared():   # both compute at once; the replies are read one after the other
-            ref.send({"op": "outputs", "trials": [trial]})
-            cand.send({"op": "outputs", "trials": [trial]})
-            expected = ref.receive("outputs")["outputs"][0]
+            ref.send({"op": "outputs", "trials": [trial], "keep": share})
+            cand.send({"op": "outputs", "trials": [trial], "export": share})
+            expected = ref.receive("outputs").get("outputs", [None])[0]
             got = cand.receive("outputs")["outputs"][0]
-            if on_gpu:
-                cmp = compare_outputs(expected, got, cfg.correctness, "cuda")
+            shared = share and isinstance(got, list) and all(map(cuda_ipc.is_exported, got))
+            if shared:
+                cmp, dtypes = _compare_shared(ref, got, cfg)
+            else:
+                if share:
+                    expected = ref.request({"op": "kept_outputs"})["outputs"][0]
+                if on_gpu:
+                    cmp = compare_outputs(expected, got, cfg.correctness, "cuda")
         if not on_gpu:      # on the host: outside the lock, so other evaluations' timings go on
             cmp = compare_outputs(expected, got, cfg.correctness)
         rec.max_abs_error = max(rec.max_abs_error, cmp.max_abs_error)
@@ -255,9 +268,25 @@ def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedPr
         if not cmp.ok:
             rec.fail("correctness", f"trial {k} (seed {trial['seed']}, {trial['distribution']} inputs): {cmp.reason}")
             return dtypes
-        dtypes = [t.dtype for t in expected]
+        if not shared:
+            dtypes = [t.dtype for t in expected]
     rec.correct = True
     return dtypes
+
+
+def _compare_shared(ref: SandboxedProcess, got: list, cfg: EvalConfig) -> tuple[Comparison, list]:
+    """The reference's verdict on the program's exported outputs; an export it cannot map is the
+    program's failure (only the program's process could have made it so)."""
+    try:
+        reply = ref.request({"op": "compare", "outputs": got, "correctness": dataclasses.asdict(cfg.correctness)})
+    except SandboxError as e:
+        if e.kind != "program":
+            raise
+        return Comparison(False, e.reason), []
+    fields = reply.get("comparison")
+    if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(Comparison)}:
+        raise SandboxError("malformed comparison from the reference process", "error")
+    return Comparison(**fields), [cuda_ipc.DTYPES[name] for name in reply.get("dtypes", [])]
 
 
 def _host_clock_ms(cand: SandboxedProcess, t, seed: int, flush: int) -> tuple[float, float]:

@@ -1,6 +1,7 @@
 """The roles a sandboxed worker plays. Each answers the harness's messages (see hpc.sandbox.protocol).
 
-reference: the task's Model; computes outputs for given seeds (the harness keeps them).
+reference: the task's Model; computes outputs for given seeds (on the GPU it keeps them and
+           compares the program's outputs, shared through CUDA IPC, with them).
 program:   something timed under the protocol: the candidate's ModelNew (guarded by the
            policy), eager Model, or torch.compile(Model).
 """
@@ -15,11 +16,16 @@ from pathlib import Path
 
 import torch
 
+from hpc.config import CorrectnessConfig
 from hpc.profile.timing import (CacheFlusher, install_start_gate, synchronize, time_call, time_calls,
                                 timers_intact)
 from hpc.runner.guard import POISON, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
+from hpc.sandbox import cuda_ipc
 from hpc.task import load_task_module
+from hpc.verify.compare import compare_outputs
+
+_PROBE = 4096   # int32 elements of the CUDA IPC probe
 
 
 class WorkerError(Exception):
@@ -81,11 +87,47 @@ class ReferenceWorker(_Worker):
         return {"ok": True}
 
     def outputs(self, msg: dict) -> dict:
+        """Each trial's outputs; with `keep` (one trial) they stay on the device for `compare`."""
         results = []
         for trial in msg["trials"]:
             inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
-            results.append(_to_host(self.model(*inputs), self.device))
+            out = self.model(*inputs)
+            if msg.get("keep"):
+                self.kept = [t.detach() if isinstance(t, torch.Tensor) else t for t in as_tuple(out)]
+                return {"kept": len(self.kept)}
+            results.append(_to_host(out, self.device))
         return {"outputs": results}
+
+    def kept_outputs(self, msg: dict) -> dict:
+        """The kept outputs on the host: the program's outputs were not all shared."""
+        return {"outputs": [_to_host(self.kept, self.device)]}
+
+    def compare(self, msg: dict) -> dict:
+        """The kept outputs against the program's, mapped from its process: the comparison the
+        harness would make, made here because the expected outputs are here (this process runs
+        the task's code, never a candidate's)."""
+        cfg = CorrectnessConfig(**msg["correctness"])
+        try:
+            with cuda_ipc.imported(msg["outputs"], self.device) as got:
+                cmp = compare_outputs(self.kept, got, cfg, self.device)
+                del got
+        except cuda_ipc.IpcError as e:
+            raise WorkerError(f"the program's outputs could not be mapped: {e}", "program") from None
+        return {"comparison": {k: getattr(cmp, k) for k in ("ok", "reason", "max_abs_error", "max_rel_error",
+                                                            "mismatched", "numel")},
+                "dtypes": [str(t.dtype).removeprefix("torch.") for t in self.kept if isinstance(t, torch.Tensor)]}
+
+    def probe_ipc(self, msg: dict) -> dict:
+        """Whether the program's probe maps here with the values it was written with: CUDA IPC
+        works between the two sandboxed processes on this machine."""
+        expected = torch.arange(_PROBE, dtype=torch.int32, device=self.device)
+        try:
+            with cuda_ipc.imported([msg["probe"]], self.device) as got:
+                same = got[0].shape == expected.shape and bool(torch.equal(got[0], expected))
+                del got
+        except cuda_ipc.IpcError as e:
+            return {"ok": False, "reason": str(e)}
+        return {"ok": same, "reason": "" if same else "probe values differ"}
 
     def cost(self, msg: dict) -> dict:
         """FLOPs (matmul/conv family, counted by torch) and the fewest bytes any implementation must
@@ -117,6 +159,7 @@ class ProgramWorker(_Worker):
                 install_start_gate(msg["start_gate"], float(msg["start_gate_timeout_us"]))
             except (OSError, RuntimeError) as e:
                 raise WorkerError(f"timing start gate unusable: {e}", "harness") from None
+        probe = self._export_probe() if msg.get("share_outputs") else {}
         program = msg["program"]
         if program == "candidate":
             self.call = self._load_candidate(msg)
@@ -128,7 +171,15 @@ class ProgramWorker(_Worker):
             if program == "compile":   # compile now: the timing request is run under an exclusive device lock
                 self.call(self.base_inputs(self.init_seed + 1))
                 synchronize(self.device)
-        return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
+        return {"ok": True, "setup_seconds": time.monotonic() - t0, **probe, **getattr(self, "load_info", {})}
+
+    def _export_probe(self) -> dict:
+        """Exported before any candidate code runs: code that spoils it only loses the sharing."""
+        self.exported = [torch.arange(_PROBE, dtype=torch.int32, device=self.device)]
+        try:
+            return {"ipc_probe": cuda_ipc.export(self.exported[0])}
+        except cuda_ipc.IpcError as e:
+            return {"ipc_probe_error": str(e)}
 
     def _load_candidate(self, msg: dict):
         from hpc import runtime
@@ -163,8 +214,22 @@ class ProgramWorker(_Worker):
         for trial in msg["trials"]:
             inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
             out = checked(inputs, trial["index"]) if checked else self.call(inputs)
-            results.append(_to_host(out, self.device))
+            results.append(self._share(out) if msg.get("export") else _to_host(out, self.device))
         return {"outputs": results}
+
+    def _share(self, output) -> list:
+        """The outputs copied to allocations of their own and exported (kept until the next
+        request); unless all are CUDA tensors the driver exports, all go to the host as usual."""
+        outs = as_tuple(output)
+        if all(isinstance(t, torch.Tensor) and t.is_cuda for t in outs):
+            own = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t) for t in outs]
+            try:
+                shared = [cuda_ipc.export(t) for t in own]
+                self.exported = own
+                return shared
+            except cuda_ipc.IpcError:
+                pass
+        return _to_host(output, self.device)
 
     def time(self, msg: dict) -> dict:
         base = self.base_inputs(msg["seed"])
@@ -196,8 +261,9 @@ ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
 
 def dispatch(worker: _Worker, msg: dict) -> dict:
     op = msg.get("op")
-    handler = getattr(worker, op, None) if op in ("ready", "setup", "outputs", "fingerprints", "cost", "time",
-                                                   "prepare_calls", "run_call") else None
+    handler = getattr(worker, op, None) if op in ("ready", "setup", "outputs", "kept_outputs", "compare",
+                                                   "probe_ipc", "fingerprints", "cost", "time", "prepare_calls",
+                                                   "run_call") else None
     if handler is None:
         raise WorkerError(f"unknown op {op!r}", "harness")
     try:

@@ -66,8 +66,8 @@ def decode_json(data: bytes):
 
 
 MAX_TENSORS = 4096
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
-           "complex64", "complex128")
+DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
+               "complex64", "complex128")
 
 
 def write_reply(fd: int, obj) -> None:
@@ -106,7 +106,7 @@ def read_reply(fd: int, deadline: float | None = None):
         raise ValueError("reply header is malformed")
     tensors = []
     for spec in head["tensors"]:
-        if not isinstance(spec, dict) or spec.get("dtype") not in _DTYPES or not isinstance(spec.get("shape"), list) \
+        if not isinstance(spec, dict) or spec.get("dtype") not in DTYPE_NAMES or not isinstance(spec.get("shape"), list) \
                 or not all(isinstance(d, int) and d >= 0 for d in spec["shape"]):
             raise ValueError(f"reply tensor spec {str(spec)[:80]} is malformed")
         dtype = getattr(torch, spec["dtype"])

@@ -1,5 +1,6 @@
-"""Compare candidate outputs with reference outputs, in the harness process only (on the GPU for
-the cuda backend: comparing a 256 MB output on the host takes seconds, on the device milliseconds)."""
+"""Compare candidate outputs with reference outputs, never in a process that runs candidate code:
+in the harness, or on cuda in the reference's worker, which holds the expected outputs on the
+device (comparing a 256 MB output on the host takes seconds, on the device milliseconds)."""
 
 from __future__ import annotations
 
