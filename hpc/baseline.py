@@ -84,17 +84,20 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int) -> 
     return cost
 
 
-def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock) -> TimingStats:
-    """Time eager or torch.compile in a fresh sandboxed process (SandboxError on failure)."""
+def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock,
+                    proc: SandboxedProcess | None = None) -> TimingStats:
+    """Time eager or torch.compile in a fresh sandboxed process (SandboxError on failure): a new
+    one, or `proc`, a program process not yet set up (one started ahead; the caller closes it)."""
+    if proc is None:
+        with tempfile.TemporaryDirectory(prefix="hpc-baseline-") as workdir, \
+                SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend) as fresh:
+            return measure_program(task, program, cfg, init_seed, lock, fresh)
     name, _, mode = program.partition(":")
-    with tempfile.TemporaryDirectory(prefix="hpc-baseline-") as workdir:
-        with SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend) as proc:
-            with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
-                proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
-                              "device": cfg.backend, "program": name, "mode": mode or "default",
-                              **timing_setup(cfg)})
-            with lock.exclusive():
-                reply = proc.request(timing_request(cfg, seed=init_seed + 1))
+    with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
+        proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
+                      "device": cfg.backend, "program": name, "mode": mode or "default", **timing_setup(cfg)})
+    with lock.exclusive():
+        reply = proc.request(timing_request(cfg, seed=init_seed + 1))
     return TimingStats.of(reply["times_ms"])
 
 

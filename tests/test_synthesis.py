@@ -4,12 +4,14 @@ the merged dataset and manifest, the Ops-6K import, and every emitted task evalu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from hpc.synthesis.compose import compose
 from hpc.synthesis.config import ComposeConfig, load_synthesis_config
 from hpc.synthesis.filters import FILTERS, FilterChain
 from hpc.synthesis.manifest import read_manifest
-from hpc.synthesis.shards import merge, read_shard, run_local, run_shard, shard_path
+from hpc.synthesis.shards import checked_stats, merge, read_shard, run_local, run_shard, shard_path
 from hpc.synthesis.similarity import BenchmarkIndex, ast_hash, normalized_tokens, op_signature, similarity
 from hpc.task import load_task
 from tests.conftest import ROOT, TESTS
@@ -301,6 +303,73 @@ def test_the_manifest_records_every_candidate_and_the_ops6k_fields(tmp_path, cac
     assert [f.name for f in filters] == list(FILTERS)
     assert sum(f.rejected for f in filters) == 20 - stats["accepted"]
     assert json.loads((dataset / "stats.json").read_text())["accepted"] == stats["accepted"]
+
+
+def test_a_run_cut_short_has_the_merges_statistics_over_the_candidates_checked(tmp_path, cache_dir):
+    cfg = _static_only(5, 60, cache_dir)
+    summary = run_shard(cfg, 0, 3, tmp_path, deadline=time.monotonic())   # already past: none starts
+    assert summary["cut_by_deadline"] and summary["checked"] == 0 and not summary["preempted"]
+    assert not run_shard(cfg, 0, 3, tmp_path)["cut_by_deadline"]
+    run_shard(cfg, 2, 3, tmp_path)
+    stats, records = checked_stats(tmp_path, cfg)
+    assert [r["index"] for r in records] == [i for i in range(60) if i % 3 != 1]
+    assert (stats["count"], stats["candidates"]) == (60, 40)
+    accepted = [r["ast_hash"] for r in records if r["accepted"]]
+    assert stats["accepted"] == len(accepted) == len(set(accepted))
+    assert any(r["reason"].startswith("duplicate of level") for r in records)   # across shards, as the merge does
+    run_shard(cfg, 1, 3, tmp_path)
+    assert checked_stats(tmp_path, cfg)[0] == merge(tmp_path, cfg)
+
+
+def _throughput(tmp_path: Path, cache_dir: Path, capsys, *args: str) -> tuple[dict, str]:
+    """benchmarks/synthesis_throughput.py in this process (no second torch import): figures, stdout."""
+    spec = importlib.util.spec_from_file_location("synthesis_throughput",
+                                                  ROOT / "benchmarks" / "synthesis_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "figures.json"
+    assert bench.main(["--scale", "cpu", "--cache-dir", str(cache_dir), "--run-dir", str(tmp_path / "run"),
+                       "--out", str(out), *args]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads(text.splitlines()[-1].removeprefix("summary: "))
+    figures = json.loads(out.read_text())
+    assert summary == {k: figures[k] for k in summary}
+    return figures, text
+
+
+def test_a_throughput_run_within_its_budget_reports_the_merged_datasets_figures(tmp_path, cache_dir, capsys):
+    config = tmp_path / "synth.yaml"
+    config.write_text(json.dumps({"filters": {"skip": RUN_FILTERS}, "compose": {"max_ops": 2}}))
+    figures, text = _throughput(tmp_path, cache_dir, capsys, "--count", "30", "--config", str(config),
+                                "--seconds", "3600")
+    stats = json.loads((tmp_path / "run" / "dataset" / "stats.json").read_text())
+    assert (figures["cut_by_budget"], figures["checked"], figures["count"]) == (False, 30, 30)
+    assert (figures["filters"], figures["yield"]) == (stats["filters"], stats["yield"])
+    assert figures["rejected_by"] == {"duplicate": 30 - stats["accepted"]} and "cut by" not in text
+
+
+def test_a_time_budget_cuts_a_throughput_run_to_the_candidates_it_checked(tmp_path, cache_dir, capsys):
+    """A candidate runs for seconds (its sandboxed processes start): one starts within the budget,
+    finishes past it and counts; the others never start."""
+    config = tmp_path / "synth.yaml"
+    config.write_text(json.dumps({"filters": {"skip": ["compile"]},
+                                  "eval": {"timing": {"warmup": 1, "iterations": 5}}}))
+    figures, text = _throughput(tmp_path, cache_dir, capsys, "--count", "3", "--workers", "1", "--config",
+                                str(config), "--seconds", "1")
+    _, records, _ = read_shard(shard_path(tmp_path / "run", 0))
+    checked = len(records)
+    assert figures["cut_by_budget"] and figures["checked"] == checked and 1 <= checked < 3
+    assert [r["index"] for r in records] == list(range(checked))
+    assert f"cut by the --seconds 1 budget: {checked} of 3 candidates checked" in text
+    assert not (tmp_path / "run" / "dataset").exists()
+    accepted = [r for r in records if r["accepted"]]
+    assert figures["yield"] == len(accepted) / checked
+    assert figures["candidates_per_hour"] == pytest.approx(checked * 3600 / figures["wall_s"], rel=0.05)
+    assert figures["eager_ms"] == sorted(r["eager_ms"] for r in accepted)
+    assert sum(figures["rejected_by"].values()) == checked - len(accepted)
+    for f in figures["filters"]:
+        assert f["entered"] == sum(f["name"] in r["ran"] for r in records), f
+        assert f["rejected"] == sum(not r["accepted"] and r["filter"] == f["name"] for r in records), f
 
 
 # ---- command line, config, Ops-6K import ----

@@ -32,6 +32,7 @@ import torch
 from hpc.baseline import measure_program
 from hpc.errors import UserError
 from hpc.profile.device_lock import DeviceLock
+from hpc.sandbox.prestart import worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.similarity import (BenchmarkIndex, ast_hash, canonical_op, import_aliases, model_tokens,
@@ -191,82 +192,93 @@ class FilterChain:
         return self.eval.seed if self.eval.seed >= 0 else (self.cfg.seed * 1_000_003 + index * 7919) % (1 << 30)
 
     def _run(self, path: Path, index: int, verdict: Verdict) -> None:
-        """The filters that run the task. Skipping `eager` skips its worker, and with it `finite`,
-        `constant` and the dynamic half of `stochastic`, which read its outputs."""
+        """The filters that run the task: eager in the reference process of a worker pair, runtime
+        in its program process (the pair prestarted within `prestarted_workers`, as an
+        evaluation's), compile in a process of its own (it writes the shared inductor cache, so
+        none is started ahead for it). Skipping `eager` skips the reference's work, and with it
+        `finite`, `constant` and the dynamic half of `stochastic`, which read its outputs."""
         if not {"eager", "runtime", "compile"} - self.skip:
             return
         task = load_task(path)
         seed = self._seed(index)
-        expected = self._reference(task, seed, verdict) if "eager" not in self.skip else None
-        if "runtime" not in self.skip:
-            self._runtime(task, seed, verdict)
+        expected = None
+        if {"eager", "runtime"} - self.skip:
+            pair = worker_pair(self.eval.sandbox, self.eval.backend)
+            try:
+                if "eager" not in self.skip:
+                    expected = self._reference(task, seed, verdict, pair.reference)
+                pair.reference.close()   # its device memory freed before the timed run
+                if "runtime" not in self.skip:
+                    pair.program.restart_clock()   # the wall limit of a process of its own
+                    self._runtime(task, seed, verdict, pair.program)
+            finally:
+                pair.kill()   # first: an orderly exit waits for a process still starting
+                pair.close()
         if "compile" not in self.skip:
             self._compile(task, seed, expected, verdict)
 
-    def _reference(self, task: Task, seed: int, verdict: Verdict) -> list:
-        """eager, finite, constant and the dynamic stochastic check, in one reference worker; one
-        trial's outputs at a time (GPU-scale outputs are large). Returns the first trial's outputs."""
+    def _reference(self, task: Task, seed: int, verdict: Verdict, ref: SandboxedProcess) -> list:
+        """eager, finite, constant and the dynamic stochastic check, in the reference process `ref`;
+        one trial's outputs at a time (GPU-scale outputs are large). Returns the first trial's outputs."""
         cfg = self.eval
         trials = [{"seed": seed + 1, "distribution": "default"}, {"seed": seed + 2, "distribution": "default"}]
         trials += [{"seed": seed + 1, "distribution": d} for d in cfg.correctness.distributions]
         kept: list[list] = []
         nonfinite = ""
-        with tempfile.TemporaryDirectory(prefix="hpc-synth-ref-") as workdir, \
-                SandboxedProcess("reference", Path(workdir), cfg.sandbox, cfg.backend) as ref:
-            for k, trial in enumerate(trials):
-                t0 = self._enter("eager", verdict)
-                try:
-                    with self.lock.shared():
-                        if k == 0:
-                            ref.request({"op": "setup", "task": str(task.path), "scale": cfg.scale,
-                                         "init_seed": seed, "device": cfg.backend})
-                        outputs = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
-                except SandboxError as e:
-                    raise _Rejected("eager", e.reason) from None
-                finally:
-                    self._timed("eager", verdict, t0)
-                for i, out in enumerate(outputs):
-                    if not isinstance(out, torch.Tensor):
-                        raise _Rejected("eager", f"output {i} is a {type(out).__name__}, not a tensor")
-                    if out.dtype != torch.float32:
-                        raise _Rejected("eager", f"output {i} is {out.dtype}; tasks are float32")
-                    if not nonfinite and not bool(torch.isfinite(out).all()):
-                        nonfinite = (f"output {i} has NaN or Inf on {trial['distribution']} inputs "
-                                     f"(seed {trial['seed']})")
-                if k < 2:
-                    kept.append(outputs)
-                del outputs
-            if "finite" not in self.skip:
-                self._enter("finite", verdict)
-                if nonfinite:
-                    raise _Rejected("finite", nonfinite)
-            if "constant" not in self.skip:
-                t0 = self._enter("constant", verdict)
+        for k, trial in enumerate(trials):
+            t0 = self._enter("eager", verdict)
+            try:
                 with self.lock.shared():
-                    same = compare_outputs(kept[0], kept[1], cfg.correctness, self._compare_on)
-                self._timed("constant", verdict, t0)
-                if same.ok:
-                    raise _Rejected("constant", "outputs for two different inputs agree within the evaluator's "
-                                                "tolerance: a constant would pass")
-            if "stochastic" not in self.skip:
-                t0 = self._enter("stochastic", verdict)
-                try:
-                    with self.lock.shared():
-                        prints = ref.request({"op": "fingerprints", "seed": seed + 1, "iterations": [0, 0]})
-                except SandboxError as e:
-                    raise _Rejected("eager", e.reason) from None
-                finally:
-                    self._timed("stochastic", verdict, t0)
-                first, second = prints["fingerprints"]
-                if not compare_fingerprints(first, second, cfg.correctness, [t.dtype for t in kept[0]]):
-                    raise _Rejected("stochastic", "two calls on the same inputs differ beyond the evaluator's "
-                                                  "tolerance")
+                    if k == 0:
+                        ref.request({"op": "setup", "task": str(task.path), "scale": cfg.scale,
+                                     "init_seed": seed, "device": cfg.backend})
+                    outputs = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+            except SandboxError as e:
+                raise _Rejected("eager", e.reason) from None
+            finally:
+                self._timed("eager", verdict, t0)
+            for i, out in enumerate(outputs):
+                if not isinstance(out, torch.Tensor):
+                    raise _Rejected("eager", f"output {i} is a {type(out).__name__}, not a tensor")
+                if out.dtype != torch.float32:
+                    raise _Rejected("eager", f"output {i} is {out.dtype}; tasks are float32")
+                if not nonfinite and not bool(torch.isfinite(out).all()):
+                    nonfinite = (f"output {i} has NaN or Inf on {trial['distribution']} inputs "
+                                 f"(seed {trial['seed']})")
+            if k < 2:
+                kept.append(outputs)
+            del outputs
+        if "finite" not in self.skip:
+            self._enter("finite", verdict)
+            if nonfinite:
+                raise _Rejected("finite", nonfinite)
+        if "constant" not in self.skip:
+            t0 = self._enter("constant", verdict)
+            with self.lock.shared():
+                same = compare_outputs(kept[0], kept[1], cfg.correctness, self._compare_on)
+            self._timed("constant", verdict, t0)
+            if same.ok:
+                raise _Rejected("constant", "outputs for two different inputs agree within the evaluator's "
+                                            "tolerance: a constant would pass")
+        if "stochastic" not in self.skip:
+            t0 = self._enter("stochastic", verdict)
+            try:
+                with self.lock.shared():
+                    prints = ref.request({"op": "fingerprints", "seed": seed + 1, "iterations": [0, 0]})
+            except SandboxError as e:
+                raise _Rejected("eager", e.reason) from None
+            finally:
+                self._timed("stochastic", verdict, t0)
+            first, second = prints["fingerprints"]
+            if not compare_fingerprints(first, second, cfg.correctness, [t.dtype for t in kept[0]]):
+                raise _Rejected("stochastic", "two calls on the same inputs differ beyond the evaluator's "
+                                              "tolerance")
         return kept[0]
 
-    def _runtime(self, task: Task, seed: int, verdict: Verdict) -> None:
+    def _runtime(self, task: Task, seed: int, verdict: Verdict, proc: SandboxedProcess) -> None:
         t0 = self._enter("runtime", verdict)
         try:
-            stats = measure_program(task, "eager", self.eval, seed, self.lock)
+            stats = measure_program(task, "eager", self.eval, seed, self.lock, proc)
         except SandboxError as e:
             self._timed("runtime", verdict, t0)
             raise _Rejected("runtime", f"eager timing failed: {e.reason}") from None

@@ -69,12 +69,18 @@ def summary(records: list[dict], filters: tuple[str, ...]) -> dict:
                         for s in filter_stats(records, filters)]}
 
 
+def run_stats(records: list[dict], filters: tuple[str, ...], run: dict[str, str | int]) -> dict:
+    """stats.json: the run, then the summary of its candidates (also of those checked so far, for
+    a run cut short)."""
+    return {**run, **summary(records, filters)}
+
+
 def write_manifest(folder: Path, records: list[dict], filters: tuple[str, ...], run: dict[str, str | int],
                    attrs: dict[str, str]) -> dict:
     """manifest.jsonl, manifest.h5 and stats.json into `folder`; returns the statistics. `run`
     names the run (seed, count, source, backend, scale, shards): in both files; `attrs`
     (provenance: commit, versions, config) only in the HDF5 file."""
-    stats = {**run, **summary(records, filters)}
+    stats = run_stats(records, filters, run)
     with open(folder / "manifest.jsonl", "w") as f:
         for r in records:
             if r["accepted"]:

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from hpc.errors import UserError
 from hpc.progress import Progress
+from hpc.sandbox.prestart import default_depth, prestarted_workers
 from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.filters import FILTERS, FilterChain
-from hpc.synthesis.manifest import write_manifest
+from hpc.synthesis.manifest import run_stats, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
 
 SHARD_FORMAT = "hpc-synthesis-shard"
@@ -136,10 +137,13 @@ def _check_header(path: Path, header: dict, expected: dict, keys: tuple[str, ...
 
 
 def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
-              stop: threading.Event | None = None) -> dict:
+              stop: threading.Event | None = None, deadline: float | None = None) -> dict:
     """Filter this shard's candidates not yet in its file. With `stop` set (SIGTERM from Slurm),
     no further candidate starts and none in flight is recorded (its workers may have been killed
-    with the job): the requeued shard checks them again."""
+    with the job): the requeued shard checks them again. Past `deadline` (on time.monotonic(): a
+    time budget) no further candidate starts either, but those in flight finish and are recorded;
+    "cut_by_deadline" in the summary says candidates were left for a later run. The evaluation
+    workers' processes start ahead (hpc.sandbox.prestart) where the machine has the cores."""
     source = Source(cfg)
     out.mkdir(parents=True, exist_ok=True)
     path = shard_path(out, shard)
@@ -163,6 +167,7 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
     done = {rec["index"] for rec in records}
     todo = [i for i in range(shard, len(source), shards) if i not in done]
     stop = stop or threading.Event()
+    cut = threading.Event()
     write_lock = threading.Lock()
     bar = Progress(len(todo), f"shard {shard}", sys.stderr, every_s=30.0)
     accepted = 0
@@ -170,6 +175,9 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
     def one(index: int) -> None:
         nonlocal accepted
         if stop.is_set():
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            cut.set()
             return
         proposal = source.get(index)
         t0 = time.monotonic()
@@ -190,17 +198,17 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
             state = "accepted" if verdict.accepted else f"{verdict.filter}: {verdict.reason[:160]}"
             bar.advance(f"shard {shard}: {proposal.stem}: {state}")
 
-    with ThreadPoolExecutor(max_workers=cfg.workers) as pool:
+    with prestarted_workers(default_depth(cfg.workers)), ThreadPoolExecutor(max_workers=cfg.workers) as pool:
         for future in [pool.submit(one, i) for i in todo]:
             future.result()
     bar.close()
     checked = len(read_shard(path)[1]) - len(records)
     return {"shard": shard, "file": str(path), "checked": checked, "skipped": len(done),
-            "accepted": accepted, "preempted": stop.is_set()}
+            "accepted": accepted, "preempted": stop.is_set(), "cut_by_deadline": cut.is_set()}
 
 
-def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
-    """Every shard's records into RUN/dataset; the statistics (also in dataset/stats.json)."""
+def _read_run(out: Path, cfg: SynthesisConfig | None) -> tuple[list[dict], list[dict]]:
+    """Every shard's header, each checked against the first (and `cfg`), and all their records."""
     files = sorted(out.glob("shard-*.jsonl"))
     if not files:
         raise UserError(f"run {out}: no shard files (shard-*.jsonl) to merge")
@@ -216,8 +224,32 @@ def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
         _check_header(path, header, first)
     if cfg is not None and fingerprint(cfg) != first["fingerprint"]:
         raise UserError(f"run {out}: its shards were written with a different config than this one")
+    return list(headers.values()), records
+
+
+def _verdicts(records: list[dict], config: dict) -> list[dict]:
+    """The records (in index order) as the dataset holds them: accepted duplicates rejected
+    (`_dedup`), eager_ms NaN where none was timed."""
+    if "duplicate" not in config["filters"]["skip"]:
+        _dedup(records)
+    for rec in records:
+        rec["eager_ms"] = math.nan if rec["eager_ms"] is None else rec["eager_ms"]
+    return records
+
+
+def _run_fields(header: dict) -> dict[str, str | int]:
+    """What names the run in the manifest and stats.json."""
+    config = header["config"]
+    return {"seed": config["seed"], "count": header["count"], "source": config["source"] or "composer",
+            "backend": config["eval"]["backend"], "scale": config["eval"]["scale"], "shards": header["shards"]}
+
+
+def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
+    """Every shard's records into RUN/dataset; the statistics (also in dataset/stats.json)."""
+    headers, records = _read_run(out, cfg)
+    first = headers[0]
     shards, count = first["shards"], first["count"]
-    missing_shards = sorted(set(range(shards)) - {h["shard"] for h in headers.values()})
+    missing_shards = sorted(set(range(shards)) - {h["shard"] for h in headers})
     if missing_shards:
         raise UserError(f"run {out}: shard(s) {', '.join(map(str, missing_shards))} of {shards} have no file yet")
     by_index = {r["index"]: r for r in records}
@@ -226,12 +258,8 @@ def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
         shard_list = sorted({i % shards for i in missing})
         raise UserError(f"run {out}: {len(missing)} of {count} candidates not checked yet (shard(s) "
                         f"{', '.join(map(str, shard_list))}); run them again")
-    records = [by_index[i] for i in range(count)]
     config = first["config"]
-    if "duplicate" not in config["filters"]["skip"]:
-        _dedup(records)
-    for rec in records:
-        rec["eager_ms"] = math.nan if rec["eager_ms"] is None else rec["eager_ms"]
+    records = _verdicts([by_index[i] for i in range(count)], config)
     dataset = out / DATASET
     partial = out / f"{DATASET}.partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -243,13 +271,20 @@ def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
             target.write_text(rec["code"])
     from hpc.results.hdf5 import provenance
 
-    run = {"seed": config["seed"], "count": count, "source": config["source"] or "composer",
-           "backend": config["eval"]["backend"], "scale": config["eval"]["scale"], "shards": shards}
-    stats = write_manifest(partial, records, FILTERS, run, provenance(config))
+    stats = write_manifest(partial, records, FILTERS, _run_fields(first), provenance(config))
     if dataset.exists():
         shutil.rmtree(dataset)
     partial.rename(dataset)
     return stats
+
+
+def checked_stats(out: Path, cfg: SynthesisConfig | None = None) -> tuple[dict, list[dict]]:
+    """The statistics the merge writes, and the records as in the manifest, over the candidates
+    checked so far: for a run cut short, which `merge` refuses."""
+    headers, records = _read_run(out, cfg)
+    by_index = {r["index"]: r for r in records}
+    records = _verdicts([by_index[i] for i in sorted(by_index)], headers[0]["config"])
+    return run_stats(records, FILTERS, _run_fields(headers[0])), records
 
 
 def _dedup(records: list[dict]) -> None:
