@@ -5,21 +5,24 @@ rollout tokens/s of `hpc.policy.generate` against HF transformers' `generate` on
     python benchmarks/policy_speed.py --device cpu --preset tiny --train-steps 2 --warmup 1 \
         --micro-batch 2 --seq 64 --gen-batch 4 --prompt-len 16 --new-tokens 8    # the code paths
 
-Training (random init, one synthetic batch of `--micro-batch` x `--seq` tokens, AdamW as
-`hpc.rl.trainer` builds it, lr 1e-5, no weight decay): the loss is policy-gradient-like,
--mean(log p(next token) x advantage) with random N(0, 1) advantages, the log-probs computed as
-`hpc.rl.update` does (fp32 log-softmax over the vocabulary); `--loss ce` drops the advantages
-(plain next-token cross-entropy). `--warmup` steps, then `--train-steps` timed between
-synchronizations, then (on the GPU) `--profile-steps` under torch.profiler, whose kernels are
-grouped (GEMM, attention, softmax / loss, optimizer, ...) to show what limits MFU. Variants
-(`--train-variants`):
+Training (random init, one synthetic batch of `--micro-batch` x `--seq` tokens without padding,
+AdamW as `hpc.rl.trainer` builds it, lr 1e-5, no weight decay): the loss is policy-gradient-like,
+-mean(log p(next token) x advantage) with random N(0, 1) advantages, the log-probs (and the
+entropy, the update's metric) computed as `hpc.rl.update` does (`token_logprobs_and_entropy`:
+fp32 a chunk of positions at a time); `--loss ce` drops the advantages and the entropy (plain
+next-token cross-entropy, as `hpc.rl.supervised.sft_step`). `--warmup` steps, then
+`--train-steps` timed between synchronizations, then (on the GPU) `--profile-steps` under
+torch.profiler, whose kernels are grouped (GEMM, attention, softmax / loss, optimizer, ...) to
+show what limits MFU. Variants (`--train-variants`):
 
-    sdpa           torch SDPA core attention, the explicit [b, 1, s, s] mask the trainer passes
-                   (memory-efficient kernel), megatron's torch.compile'd fusions on: the default
-    sdpa-causal    the same without a mask (causal flash kernel): what a right-padded batch allows
+    sdpa           torch SDPA core attention, the forward the trainer runs (`forward_logits` with
+                   the batch's padding mask: a right-padded batch gets no explicit mask, so the
+                   causal flash kernel), megatron's torch.compile'd fusions on: the default
+    sdpa-explicit-mask  sdpa with the explicit [b, 1, s, s] mask (`attention_mask`) the trainer
+                   passed before (memory-efficient kernel): what left padding still needs
     sdpa-nofusion  sdpa with megatron's fusions off
     local          megatron's own DotProductAttention (scores materialized, unfused softmax)
-    sdpa-causal-compile  sdpa-causal with every transformer layer torch.compile'd (opt-in)
+    sdpa-compile   sdpa with every transformer layer torch.compile'd (opt-in)
 
 Model FLOPs per token (PaLM appendix B's convention; causal masking not discounted):
 
@@ -68,13 +71,14 @@ from hpc.policy.tokenizer import ByteTokenizer  # noqa: E402
 
 H200_BF16_DENSE_TFLOPS = 989.0
 
-# name -> (policy.attention, policy.fusions, attention mask: "explicit" | "none", compile layers)
+# name -> (policy.attention, policy.fusions, attention mask: "trainer" (`forward_logits` with the
+# padding mask) | "explicit" (`attention_mask`), compile layers)
 VARIANTS = {
-    "sdpa": ("sdpa", "auto", "explicit", False),
-    "sdpa-causal": ("sdpa", "auto", "none", False),
-    "sdpa-nofusion": ("sdpa", "off", "explicit", False),
-    "local": ("local", "auto", "explicit", False),
-    "sdpa-causal-compile": ("sdpa", "auto", "none", True),
+    "sdpa": ("sdpa", "auto", "trainer", False),
+    "sdpa-explicit-mask": ("sdpa", "auto", "explicit", False),
+    "sdpa-nofusion": ("sdpa", "off", "trainer", False),
+    "local": ("local", "auto", "trainer", False),
+    "sdpa-compile": ("sdpa", "auto", "trainer", True),
 }
 
 # Kernel-name substrings -> category, first match wins (attention before GEMM: fmha kernels are
@@ -196,7 +200,8 @@ def _profile(step, steps: int, device: torch.device) -> dict:
 
 
 def train_variant(name: str, args: argparse.Namespace, device: torch.device, profile_steps: int) -> dict:
-    from hpc.policy.model import build_policy, count_parameters, forward_logits, position_ids, token_logprobs
+    from hpc.policy.model import (attention_mask, build_policy, count_parameters, forward_logits, position_ids,
+                                  token_logprobs, token_logprobs_and_entropy)
 
     attention, fusions, mask, compile_layers = VARIANTS[name]
     cfg = model_config(args, attention=attention, fusions=fusions)
@@ -217,12 +222,15 @@ def train_variant(name: str, args: argparse.Namespace, device: torch.device, pro
 
     def step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        if mask == "none":
-            logits = model(tokens, positions, None)
+        if mask == "explicit":
+            logits = model(tokens, positions, attention_mask(pad))[:, :-1]
         else:
-            logits = forward_logits(model, tokens, pad)
-        logp = token_logprobs(logits[:, :-1], tokens[:, 1:], cfg.vocab_size)
-        loss = -(logp * advantages).mean() if args.loss == "pg" else -logp.mean()
+            logits = forward_logits(model, tokens, pad)[:, :-1]
+        if args.loss == "pg":
+            logp, _ = token_logprobs_and_entropy(logits, tokens[:, 1:], cfg.vocab_size)
+            loss = -(logp * advantages).mean()
+        else:
+            loss = -token_logprobs(logits, tokens[:, 1:], cfg.vocab_size).mean()
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -462,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--loss", choices=("pg", "ce"), default="pg",
                     help="pg: -mean(logp * random advantages) (default); ce: plain cross-entropy")
-    ap.add_argument("--train-variants", default="sdpa,sdpa-causal,sdpa-nofusion,local",
+    ap.add_argument("--train-variants", default="sdpa,sdpa-explicit-mask,sdpa-nofusion,local",
                     help=f"comma list of {', '.join(VARIANTS)} (default: all but the compiled one)")
     ap.add_argument("--profile-steps", type=int, default=None,
                     help="steps of the first variant under torch.profiler (default 2 on cuda, 1 on cpu; 0: none)")

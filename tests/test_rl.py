@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from hpc.errors import UserError
+from hpc.policy.model import token_logprobs_and_entropy
 from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_token_rewards, masked_mean,
                                masked_whiten)
 from hpc.rl.batch import pack
 from hpc.rl.config import load_rl_config
-from hpc.rl.losses import entropy_from_logits, explained_variance, kl_penalty, policy_loss, value_loss
+from hpc.rl.losses import explained_variance, kl_penalty, policy_loss, value_loss
 
 
 def test_the_outcome_reward_lands_on_each_rows_last_generated_token():
@@ -124,10 +125,9 @@ def test_kl_estimators_entropy_and_explained_variance():
     assert (k3 >= 0).all() and kl_penalty(p, p, "k3").abs().max() < 1e-7
     with pytest.raises(ValueError):
         kl_penalty(p, q, "k2")
-    assert float(entropy_from_logits(torch.zeros(1, 8))[0]) == pytest.approx(math.log(8))
-    # The padded vocabulary's columns (-inf) add nothing, and the gradient stays finite.
-    padded = torch.cat([torch.zeros(1, 8), torch.full((1, 4), float("-inf"))], dim=1).requires_grad_()
-    entropy = entropy_from_logits(padded)
+    # The padded vocabulary's columns add nothing, and the gradient stays finite.
+    padded = torch.zeros(1, 12, requires_grad=True)
+    _, entropy = token_logprobs_and_entropy(padded, torch.zeros(1, dtype=torch.long), 8)
     assert float(entropy.detach()[0]) == pytest.approx(math.log(8))
     entropy.sum().backward()
     assert torch.isfinite(padded.grad).all()

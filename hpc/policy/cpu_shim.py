@@ -12,7 +12,9 @@ CUDA each of these raises. `apply()` redirects exactly those calls to the CPU:
   the RNG tracker's forks (dropout in tensor-parallel regions) are real forks of the CPU RNG;
 - with pipeline stages and tied embeddings, megatron moves the last stage's copy of the
   embedding `.cuda()` before all-reducing it with the first stage's: that one method runs with
-  `Tensor.cuda` returning the tensor itself.
+  `Tensor.cuda` returning the tensor itself;
+- the causal mask megatron's DotProductAttention builds when given no mask (`forward_mask`
+  gives none for a right-padded batch) is built on the CPU rather than on "cuda".
 
 On a machine with CUDA `apply()` changes nothing. `init_parallel` applies it and `teardown`
 removes it (`restore()`), so the rest of a process (other tests, the evaluator) sees torch as
@@ -52,6 +54,7 @@ def apply() -> bool:
         return True
     if not needed():
         return False
+    import megatron.core.fusions.fused_softmax as fused_softmax
     import megatron.core.tensor_parallel.random as mrandom
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
@@ -67,6 +70,7 @@ def apply() -> bool:
         (mrandom, "_set_cuda_rng_state"): _set_rng_state,
         (LanguageModule, "setup_embeddings_and_output_layer"):
             _on_cpu(LanguageModule.setup_embeddings_and_output_layer),
+        (fused_softmax, "get_default_causal_mask"): _default_causal_mask,
     }
     for (owner, name), value in patches.items():
         _originals[(owner, name)] = getattr(owner, name)
@@ -99,6 +103,10 @@ def _get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool =
 
 def _set_rng_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
     torch.set_rng_state(new_state)
+
+
+def _default_causal_mask(sq: int) -> torch.Tensor:
+    return torch.ones(sq, sq, dtype=torch.bool).triu(1)
 
 
 def _on_cpu(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -2,23 +2,26 @@
 
 Both are built for the calling process's place in the TP x PP grid set up by
 `hpc.policy.parallel.init_parallel`. The layer spec is megatron's local one (plain torch
-modules); Transformer Engine's is used only when TE is installed and CUDA is present. Core
-attention is `cfg.attention`: megatron's DotProductAttention ("local", materializes the scores)
-or `SDPAttention` ("sdpa", torch's scaled_dot_product_attention; the default on the GPU without
-TE). On CPU the model runs in fp32 with every fusion off, and callers pass an explicit attention
-mask (megatron's default mask is built on "cuda"; `SDPAttention` takes None as causal).
+modules, its RMSNorms `ActivationDtypeRMSNorm`); Transformer Engine's is used only when TE is
+installed and CUDA is present. Core attention is `cfg.attention`: megatron's DotProductAttention
+("local", materializes the scores) or `SDPAttention` ("sdpa", torch's
+scaled_dot_product_attention; the default on the GPU without TE). On CPU the model runs in fp32
+with every fusion off.
 
 Token conventions: inputs are [batch, seq] int64; `pad_mask` is True at padding. Padding may be
 on either side: rotary embeddings are relative, so a left-padded row gives the same logits as
-the unpadded row. Logits have `cfg.padded_vocab_size` columns; the ones past `cfg.vocab_size`
-are padding rows of the embedding and are masked out of every probability computed here.
+the unpadded row. A batch without padding before a real token (right-padded, or none) runs with
+no explicit mask, i.e. megatron's causal attention (`forward_mask`). Logits have
+`cfg.padded_vocab_size` columns; the ones past `cfg.vocab_size` are padding rows of the
+embedding and are masked out of every probability computed here.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +31,7 @@ from hpc.policy.config import PolicyModelConfig
 if TYPE_CHECKING:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
     from megatron.core.transformer.transformer_config import TransformerConfig
 
 
@@ -64,18 +68,48 @@ def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
     )
 
 
+class ActivationDtypeRMSNorm(torch.nn.RMSNorm):
+    """megatron's torch RMSNorm (its `WrappedTorchNorm`, same constructor and state dict) with
+    the weight cast to the activations' dtype at each call. megatron creates the weight in fp32
+    whatever `params_dtype`; against bf16 activations torch then falls back from its fused
+    kernel to a composite of fp32 copies and casts. Cast at the call, the norm runs bf16 x bf16
+    in the fused kernel, while the weight itself stays fp32: the trainer's AdamW keeps no fp32
+    master copy, so the parameter is that copy (a no-op cast in fp32, i.e. on CPU)."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 def layer_spec(cfg: PolicyModelConfig | None = None) -> ModuleSpec:
     """Transformer Engine's layer spec when TE and CUDA are there (and `cfg.attention` is auto),
-    megatron's local one otherwise, its core attention swapped for `SDPAttention` under "sdpa"."""
+    megatron's local one otherwise, with `ActivationDtypeRMSNorm` norms and its core attention
+    swapped for `SDPAttention` under "sdpa"."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     attention = (cfg or PolicyModelConfig()).attention_impl(torch.cuda.is_available(), _have_te())
     if attention == "te":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = ActivationDtypeRMSNorm
     if attention == "sdpa":
         spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
     return spec
+
+
+def decoder_spec(cfg: PolicyModelConfig, config: TransformerConfig) -> ModuleSpec | TransformerBlockSubmodules:
+    """What GPTModel builds its decoder from: `layer_spec(cfg)`, and for the local spec this
+    stage's layers of it with `ActivationDtypeRMSNorm` as the final norm too (given the layer
+    spec alone, megatron takes its own norm for that one)."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    spec = layer_spec(cfg)
+    if spec.submodules.input_layernorm is not ActivationDtypeRMSNorm:    # TE's, fused into its linears
+        return spec
+    return TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(config),
+                                      layer_norm=ActivationDtypeRMSNorm)
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,8 +188,9 @@ def _gpt(cfg: PolicyModelConfig, post_process: bool, tie: bool) -> GPTModel:
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    config = transformer_config(cfg)
     model = GPTModel(
-        config=transformer_config(cfg), transformer_layer_spec=layer_spec(cfg),
+        config=config, transformer_layer_spec=decoder_spec(cfg, config),
         vocab_size=cfg.padded_vocab_size, max_sequence_length=cfg.max_seq_len,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=post_process,
         parallel_output=True, share_embeddings_and_output_weights=tie,
@@ -252,10 +287,22 @@ def critic_state_from_policy(policy_state: dict[str, torch.Tensor]) -> dict[str,
 
 def attention_mask(pad_mask: torch.Tensor) -> torch.Tensor:
     """Megatron's boolean mask [batch, 1, seq, seq] (True = masked): causal, and no query
-    attends to a padding key. Passed explicitly because the default is built on "cuda"."""
+    attends to a padding key."""
     b, s = pad_mask.shape
     causal = torch.ones(s, s, dtype=torch.bool, device=pad_mask.device).triu(1)
     return causal[None, None] | pad_mask[:, None, None, :]
+
+
+def forward_mask(pad_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask for a whole-sequence forward: None (megatron's causal attention; the flash
+    kernel under SDPA, not the slower kernel an explicit mask needs) unless some row has
+    padding before a real token (left padding), then `attention_mask(pad_mask)`. In a
+    right-padded row every padding key comes after every real query, so causality alone
+    masks it and the real positions' outputs are the same; the padding positions' own outputs
+    differ, and no loss reads them."""
+    if pad_mask is None or not bool((pad_mask[:, :-1] & ~pad_mask[:, 1:]).any()):
+        return None
+    return attention_mask(pad_mask)
 
 
 def position_ids(tokens: torch.Tensor) -> torch.Tensor:
@@ -293,9 +340,7 @@ def staged_forward(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch
     many pipeline stages there are; the last stage's output, None on the other stages."""
     from megatron.core import parallel_state as ps
 
-    if pad_mask is None:
-        pad_mask = torch.zeros_like(tokens, dtype=torch.bool)
-    args = (tokens, position_ids(tokens), attention_mask(pad_mask))
+    args = (tokens, position_ids(tokens), forward_mask(pad_mask))
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return model(*args, **kwargs)
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
@@ -312,10 +357,86 @@ def staged_forward(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch
     return None
 
 
+# fp32 elements in one chunk of positions of `token_logprobs_and_entropy` (512 MiB; a few
+# chunk-sized temporaries are alive at once).
+_CHUNK_ELEMENTS = 1 << 27
+
+
+def _position_chunks(logits: torch.Tensor) -> Iterator[slice]:
+    per_position = logits[..., 0, :].numel()
+    step = max(1, _CHUNK_ELEMENTS // per_position)
+    for start in range(0, logits.shape[-2], step):
+        yield slice(start, start + step)
+
+
+def _chunk_logp(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    # Padding columns have log p = -inf and p = 0: clamped, they add 0 rather than 0 * -inf = NaN.
+    return -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)
+
+
+class _LogprobsEntropy(torch.autograd.Function):
+    """log p(target) (and the entropy) per position of logits [..., T, V], in fp32 a chunk of
+    positions at a time. It keeps only the logits for the backward, which recomputes each
+    chunk's softmax and writes the gradient in the logits' dtype: no [..., T, V] tensor in fp32,
+    forward or backward, where log_softmax under autograd would hold several."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logp = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
+        entropy = torch.empty_like(logp) if with_entropy else None
+        for c in _position_chunks(logits):
+            chunk = _chunk_logp(logits[..., c, :], vocab_size)
+            logp[..., c] = chunk.gather(-1, targets[..., c, None]).squeeze(-1)
+            if with_entropy:
+                entropy[..., c] = _entropy(chunk)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(logits, targets, entropy)
+        ctx.vocab_size = vocab_size
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: torch.Tensor | None,
+                 grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None, None]:
+        logits, targets, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        for c in _position_chunks(logits):
+            logp = _chunk_logp(logits[..., c, :], ctx.vocab_size)
+            # d log p(t) / dx = onehot(t) - p;  dH / dx = -p (log p + H), which is 0 x inf = NaN
+            # at the masked columns (p = 0, log p = -inf): those are set to 0 below, as under
+            # mask_padded_vocab.
+            if grad_entropy is not None:
+                scale = (logp + entropy[..., c, None]).mul_(grad_entropy[..., c, None])
+                if grad_logp is not None:
+                    scale.add_(grad_logp[..., c, None])
+            else:
+                scale = grad_logp[..., c, None]
+            g = logp.exp_().mul_(scale).neg_()
+            if grad_logp is not None:
+                g.scatter_add_(-1, targets[..., c, None], grad_logp[..., c, None])
+            g[..., ctx.vocab_size:] = 0
+            grad[..., c, :] = g
+        return grad, None, None, None
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """log p(target) under gathered logits [..., V] in fp32, padding columns masked."""
-    logp = torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """log p(target) [..., T] under gathered logits [..., T, V] in fp32, padding columns masked
+    (computed a chunk of positions at a time: `token_logprobs_and_entropy`)."""
+    return _LogprobsEntropy.apply(logits, targets, vocab_size, False)[0]
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                               vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p(target), entropy of the next-token distribution), both [..., T] in fp32, from
+    gathered logits [..., T, V] of any dtype, padding columns masked: the values and gradients
+    of log_softmax(mask_padded_vocab(logits.float())) without a [..., T, V] fp32 tensor."""
+    return _LogprobsEntropy.apply(logits, targets, vocab_size, True)
 
 
 def vocab_parallel_logprobs(local_logits: torch.Tensor, targets: torch.Tensor,

@@ -67,14 +67,6 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     raise ValueError(f"kl kind must be k1 or k3, got {kind!r}")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the softmax over the last dimension. Columns at -inf (the padded
-    vocabulary, `mask_padded_vocab`) have probability 0 and add 0 (not 0 * -inf = NaN), with a
-    finite gradient."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)
-
-
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(R - V) / Var(R) over the mask: 1 is a perfect critic, 0 no better than a constant."""
     live = mask.bool()

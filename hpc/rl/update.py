@@ -24,7 +24,7 @@ from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_
                                masked_whiten)
 from hpc.rl.batch import RolloutBatch
 from hpc.rl.config import RLConfig
-from hpc.rl.losses import entropy_from_logits, explained_variance, kl_penalty, policy_loss, value_loss
+from hpc.rl.losses import explained_variance, kl_penalty, policy_loss, value_loss
 
 
 @dataclass
@@ -60,18 +60,14 @@ class EpochsStats:
         return {**self.mean.as_dict(), "optimizer_steps": self.optimizer_steps}
 
 
-def _policy_logprobs(policy: torch.nn.Module, batch: RolloutBatch, vocab_size: int, with_entropy: bool):
-    from hpc.policy.model import forward_logits, mask_padded_vocab
+def _policy_logprobs(policy: torch.nn.Module, batch: RolloutBatch,
+                     vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T-1] log-probs of the batch's targets and the entropy at each position (in the loss
+    for the entropy bonus, a metric otherwise: one pass gives both)."""
+    from hpc.policy.model import forward_logits, token_logprobs_and_entropy
 
-    logits = forward_logits(policy, batch.tokens, batch.pad_mask)[:, :-1].float()
-    logits = mask_padded_vocab(logits, vocab_size)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
-    if with_entropy:
-        return logp, entropy_from_logits(logits)
-    with torch.no_grad():   # the metric only: row by row, not to hold [B, T, V] twice
-        entropy = torch.stack([entropy_from_logits(row) for row in logits.detach()])
-    return logp, entropy
+    logits = forward_logits(policy, batch.tokens, batch.pad_mask)[:, :-1]
+    return token_logprobs_and_entropy(logits, batch.tokens[:, 1:], vocab_size)
 
 
 def _critic_values(critic: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
@@ -108,7 +104,7 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
     adv, returns, old_values = advantages(batch, cfg, critic) if targets is None else targets
 
     policy.train()
-    logp, entropy = _policy_logprobs(policy, batch, vocab_size, with_entropy=cfg.entropy_coef > 0)
+    logp, entropy = _policy_logprobs(policy, batch, vocab_size)
     loss, pstats = policy_loss(logp, batch.old_logprobs, adv, mask, cfg.clip_low, cfg.clip_high)
     kl = torch.zeros(())
     if ref_logprobs is not None:
