@@ -57,11 +57,11 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
         candidate_source=candidate.source_text(), backend=cfg.backend, hardware=device_name(cfg.backend),
         versions=json.dumps(versions()), policy=json.dumps(config["policy"]),
         config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
-    clock = _StageClock()
+    clock, lock = _StageClock(), DeviceLock(cfg.backend)
     try:
-        _run_stages(rec, task, candidate, cfg, stop_after, clock)
+        _run_stages(rec, task, candidate, cfg, stop_after, clock, lock)
     finally:
-        rec.stage_seconds = json.dumps(clock.seconds)
+        rec.stage_seconds = json.dumps({**clock.seconds, **{k: round(v, 4) for k, v in lock.seconds.items()}})
     if rec.status == "failed":
         rec.reward = cfg.reward.incorrect
     rec.wall_seconds = time.monotonic() - t0
@@ -82,7 +82,7 @@ class _StageClock:
 
 
 def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str,
-                clock: _StageClock) -> None:
+                clock: _StageClock, lock: DeviceLock) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
               or kernel_defect(candidate.files, cfg.policy.libraries))
     clock.mark("static")
@@ -98,7 +98,6 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     seeds = _Seeds.draw(cfg)
     rec.seeds = json.dumps({"init": seeds.init, "trials": seeds.trials, "timing": seeds.timing,
                             "timed_checks": seeds.checked})
-    lock = DeviceLock(cfg.backend)
     writable = _extension_dir(candidate, cfg)
     with ExitStack() as stack:
         pair = worker_pair(cfg.sandbox, cfg.backend, writable)

@@ -60,3 +60,26 @@ def test_a_queued_timer_keeps_new_shared_work_out(tmp_path):
     for t in threads:
         t.join(timeout=10)
     assert order.index("timer") < order.index("late reader")
+
+
+def test_a_lock_adds_up_its_waits_and_its_exclusive_hold(tmp_path):
+    """What an evaluation records: how long it queued for the device, and held it alone."""
+    lock, other = DeviceLock("cuda", tmp_path), DeviceLock("cuda", tmp_path)
+    holding = threading.Event()
+
+    def reader():
+        with other.shared():
+            holding.set()
+            time.sleep(0.3)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    holding.wait(timeout=5)
+    with lock.exclusive():
+        time.sleep(0.1)
+    t.join(timeout=5)
+    with lock.shared():
+        pass
+    assert 0.2 < lock.seconds["lock_wait_exclusive"] < 2.0
+    assert 0.1 <= lock.seconds["lock_held_exclusive"] < 1.0
+    assert 0 <= lock.seconds["lock_wait_shared"] < 0.2 and other.seconds["lock_held_exclusive"] == 0

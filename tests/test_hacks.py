@@ -154,6 +154,9 @@ def test_honest_workdir_is_paid(config):
     assert abs(rec.speedup_eager - rec.eager_ms / rec.candidate_ms) < 1e-9
     seeds = json.loads(rec.seeds)
     assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
+    stages = json.loads(rec.stage_seconds)    # the stages, and the device lock's waits and exclusive hold
+    assert {"compile", "load", "correctness", "timing"} <= set(stages)
+    assert 0 < stages["lock_held_exclusive"] <= stages["timing"] and stages["lock_wait_shared"] >= 0
 
 
 @pytest.mark.slow

@@ -6,6 +6,9 @@ device work holds `shared()`; a timed run holds `exclusive()`, which waits for t
 holders to finish and keeps new ones out until it is done (a turnstile gives timers priority).
 
 The locks are flock()s on per-host files, so they work across threads and processes alike.
+Each DeviceLock object adds up how long its holders waited and how long it was held exclusively
+(`seconds`): with several evaluations on one device, that says whether the device's serial part
+(the timed runs) or the work around it bounds the rate.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -40,15 +44,24 @@ class DeviceLock:
         root.mkdir(parents=True, exist_ok=True)
         self.main = root / f"{name}.lock"
         self.turnstile = root / f"{name}.turnstile"
+        self.seconds = {"lock_wait_shared": 0.0, "lock_wait_exclusive": 0.0, "lock_held_exclusive": 0.0}
 
     @contextmanager
     def shared(self) -> Iterator[None]:
+        start = time.monotonic()
         with _flock(self.turnstile, fcntl.LOCK_EX):
             pass   # waits while a timer is queued or running
         with _flock(self.main, fcntl.LOCK_SH):
+            self.seconds["lock_wait_shared"] += time.monotonic() - start
             yield
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
+        start = time.monotonic()
         with _flock(self.turnstile, fcntl.LOCK_EX), _flock(self.main, fcntl.LOCK_EX):
-            yield
+            got = time.monotonic()
+            self.seconds["lock_wait_exclusive"] += got - start
+            try:
+                yield
+            finally:
+                self.seconds["lock_held_exclusive"] += time.monotonic() - got

@@ -63,6 +63,7 @@ class EvalRecord:
     timestamp: float = 0.0
     wall_seconds: float = 0.0
     stage_seconds: str = ""       # JSON {stage: seconds}: compile, load, correctness, timing, baseline...
+                                  # and the device lock's lock_wait_shared, lock_wait_exclusive, lock_held_exclusive
 
     def fail(self, stage: str, reason: str, status: str = "failed") -> "EvalRecord":
         assert stage in STAGES
