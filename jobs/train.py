@@ -4,8 +4,9 @@
         here: one trainer process, its episodes scored by this machine's sandboxed workers
     mpirun -n 4 python -m mpi4py jobs/train.py --config C --out RUN --pool [--trainers T]
     srun --mpi=pmix python -m mpi4py jobs/train.py ... --pool      (slurm_templates/train.sbatch)
-        one job, two roles: T trainer ranks (data parallel, torch.distributed) and the reward
-        pool's worker ranks (MPI, one GPU each), split evenly among the trainers
+        one job, two roles: T trainer ranks (torch.distributed: policy.parallel.tensor x data
+        parallel) and the reward pool's worker ranks (MPI, one GPU each), split evenly among the
+        trainers (a tensor-parallel group's episodes are scored by its first rank's workers)
     python jobs/train.py --config C --out RUN --submit [--executor slurm --nodes 2 --tasks-per-node 8 ...]
         the same through submitit; the job is Checkpointable: preempted or timed out, it is
         requeued and resumes from RUN's latest checkpoint

@@ -1,6 +1,6 @@
 """Model parallelism over two local gloo processes. TP=2: HF logit parity and exact export,
 generation equal to TP=1, vocabulary-parallel log-probs, checkpoint resharding TP1 <-> TP2 with
-optimizer state. PP=2 (the same processes, parallel_state re-initialized): HF logit parity and
+optimizer state, a rollout whose episodes the TP source rank alone scores. PP=2 (the same processes, parallel_state re-initialized): HF logit parity and
 export across stages, the critic across stages, a TP=1 checkpoint loaded into two stages.
 DP=2: two replicas save one checkpoint.
 
@@ -125,9 +125,46 @@ def _tp2_worker(work: Path) -> None:
         load_checkpoint(work / "ck_tp1", net, step=1)
         return {"loaded": _logits(net), "layers": len(net.decoder.layers)}
 
+    def tool_rank_rollout():
+        """Two single-turn episodes under TP=2, scored by a real CPU evaluator that counts its calls."""
+        from hpc.agent.backend import LocalBackend
+        from hpc.agent.config import agent_config
+        from hpc.agent.episode import Episode
+        from hpc.policy.chat import chat_format
+        from hpc.policy.tokenizer import load_tokenizer
+        from hpc.rl.rollout import rollout
+        from hpc.task import load_task
+        from tests.conftest import RELU_TASK, make_fast_config
+
+        class CountingBackend(LocalBackend):
+            calls = 0
+
+            def evaluate(self, *args, **kwargs):
+                CountingBackend.calls += 1
+                return super().evaluate(*args, **kwargs)
+
+        cfg = _tiny()
+        cfg.parallel.tensor = 2
+        cfg.max_seq_len = 16384      # the instructions and task prompt in bytes, then a reply
+        net = model.build_policy(cfg).eval()
+        tok = load_tokenizer("byte")
+        backend = CountingBackend(make_fast_config(work / f"cache{layout.rank}"))
+        agent = agent_config({"mode": "single_turn", "max_context_tokens": 16384, "max_response_tokens": 16})
+        episodes = [Episode(load_task(RELU_TASK), backend, agent, work / f"episodes{layout.rank}" / str(k))
+                    for k in range(2)]
+        try:
+            samples, _ = rollout(net, cfg, chat_format(tok), episodes, [0, 0],
+                                 SamplingParams(max_new_tokens=16, temperature=1.0, seed=3), 2)
+        finally:
+            for e in episodes:
+                e.close()
+        return {"evaluations": CountingBackend.calls, "tokens": [s.tokens for s in samples],
+                "rewards": [s.reward for s in samples], "end": [s.trajectory.end_reason for s in samples]}
+
     for family in FAMILIES:
         part(family, lambda: convert(family))
     part("reshard", reshard)
+    part("rollout", tool_rank_rollout)
     init_parallel(pipeline=2)
     results["pp_layout"] = current_layout()
     for family in FAMILIES:
@@ -270,6 +307,16 @@ def test_checkpoint_tp2_loads_at_tp1(run):
         assert opt.param_groups[0]["lr"] == 1e-2 and float(opt.state[net.output_layer.weight]["step"]) == 2
     finally:
         teardown()
+
+
+def test_a_tp_group_scores_each_episode_once_and_plays_it_identically(run):
+    """The source rank runs the tools and scores; the other rank takes its messages and
+    trajectories: the same samples on both, one evaluation per episode in all."""
+    _, _, ranks = run
+    first, second = _result(ranks, "rollout")
+    assert first["evaluations"] == 2 and second["evaluations"] == 0
+    assert first["tokens"] == second["tokens"] and first["rewards"] == second["rewards"]
+    assert first["end"] == second["end"] == ["single_turn", "single_turn"]
 
 
 def test_pipeline_layout(run):

@@ -49,7 +49,7 @@ def _run(args: list[str], timeout: float = 900, env: dict | None = None) -> subp
     ({"rollout": {"concurency": 2}}, "rollout.concurency"),
     ({"tokenizer": "bpe:12"}, "config tokenizer: bpe:N needs a vocabulary size"),
     ({"agent": {"max_context_tokens": 4096, "max_response_tokens": 256}}, "exceeds policy.max_seq_len"),
-    ({"policy": {"preset": "tiny", "parallel": {"tensor": 2}}}, "config policy.parallel"),
+    ({"policy": {"preset": "tiny", "parallel": {"pipeline": 2}}}, "config policy.parallel.pipeline"),
     ({"rl": {"ppo_epochs": 0}}, "config rl.ppo_epochs: must be an integer >= 1, got 0"),
     ({"rl": {"minibatches": 2.5}}, "config rl.minibatches: expected int, got float 2.5"),
     ({"rl": {"minibatches": 32}}, "config rl.minibatches: 32 minibatches, but stages[2] samples 16 episodes"),
@@ -208,6 +208,32 @@ def test_training_with_the_reward_pool_under_mpirun(tmp_path):
     assert len(trajectories) == 2
     assert all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
     assert out.stdout.count("trained 3 steps") == 1
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")
+def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path):
+    """Two trainer ranks as one TP=2 group (each with a worker rank): SFT then a PPO step train the
+    sharded policy, and the sharded checkpoint records the layout (that the group's first rank
+    alone scores is tests/test_policy_parallel.py's)."""
+    import json
+
+    from hpc.results.training import read_steps, read_trajectories
+
+    config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"tensor": 2}},
+                          stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
+                                  {"name": "ppo", "kind": "ppo", "steps": 1}])
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    out = _run(["mpirun", "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
+                "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run"), "--pool", "--trainers", "2"],
+               timeout=1200, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    steps = read_steps(tmp_path / "run" / "train.h5")
+    assert [r["stage"] for r in steps] == ["warmup_sft", "warmup_sft", "ppo"]
+    assert steps[-1]["optimizer_steps"] == 1 and steps[-1]["samples"] == 2
+    trajectories = read_trajectories(tmp_path / "run" / "train.h5", step=3)
+    assert len(trajectories) == 2 and all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())
+    assert meta["tensor_parallel"] == 2 and meta["optimizer"], meta
 
 
 def test_submitit_runs_the_job_and_resumes_the_run(tmp_path):

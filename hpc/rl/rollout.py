@@ -6,6 +6,12 @@ profile wait on the evaluator), then the next turn. A sample's tokens are built 
 turn after turn, the chat template's tokens of each new message and the tokens the policy
 actually sampled (never re-encoded), so the PPO ratio is taken on exactly what was generated.
 Ended episodes are scored (`Episode.finish`) in threads as well.
+
+Under tensor parallelism the ranks of a TP group sample the same tokens (`generate` broadcasts
+them from the group's source rank), so they play the same episodes: the source rank alone runs
+the tools and scores, and the others take its new messages and trajectories (`_ToolRank`). Each
+episode is scored once, and every rank's next prompt, the next collective forward's input, is
+the same.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -59,6 +66,31 @@ class RolloutStats:
     turns: int = 0
 
 
+@dataclass
+class _ToolRank:
+    """This process's place in its TP group for the tool side of a rollout (see the module docstring)."""
+
+    group: Any
+    src: int
+    runs_tools: bool
+
+    @classmethod
+    def of_this_process(cls) -> _ToolRank | None:
+        """None unless megatron is set up with a TP size above 1."""
+        from megatron.core import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized() or ps.get_tensor_model_parallel_world_size() == 1:
+            return None
+        return cls(ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_src_rank(),
+                   ps.get_tensor_model_parallel_rank() == 0)
+
+    def share(self, obj: Any) -> Any:
+        """The source rank's `obj` on every rank of the group."""
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=self.src, group=self.group)
+        return box[0]
+
+
 def _add_messages(sample: Sample, fmt: ChatFormat, messages: Sequence[dict[str, str]]) -> None:
     for m in messages:
         sample.extend(fmt.message(m["role"], m["content"]))
@@ -75,6 +107,8 @@ def rollout(model: torch.nn.Module, model_cfg: PolicyModelConfig, fmt: ChatForma
     import time
 
     stats = RolloutStats()
+    tp = _ToolRank.of_this_process()
+    runs_tools = tp is None or tp.runs_tools
     samples = []
     for episode, group in zip(episodes, groups):
         sample = Sample(episode.task.task_id, group)
@@ -111,7 +145,15 @@ def rollout(model: torch.nn.Module, model_cfg: PolicyModelConfig, fmt: ChatForma
                 s.extend(fmt.after_reply())
             t0 = time.monotonic()
             before = {i: len(episodes[i].messages) for i in live}
-            list(pool.map(lambda pair: episodes[pair[0]].step(pair[1].text), zip(live, outs)))
+            if runs_tools:
+                list(pool.map(lambda pair: episodes[pair[0]].step(pair[1].text), zip(live, outs)))
+            if tp is not None:
+                news = tp.share([(episodes[i].messages[before[i]:], episodes[i].end_reason) for i in live]
+                                if runs_tools else None)
+                if not runs_tools:
+                    for i, (messages, end_reason) in zip(live, news):
+                        episodes[i].messages.extend(messages)
+                        episodes[i].end_reason = end_reason
             stats.tools_s += time.monotonic() - t0
             for i in live:
                 # step() appended the reply itself (already in the sample as sampled tokens), then results.
@@ -121,7 +163,9 @@ def rollout(model: torch.nn.Module, model_cfg: PolicyModelConfig, fmt: ChatForma
             if on_turn is not None:
                 on_turn(turn)
         t0 = time.monotonic()
-        trajectories = list(pool.map(lambda e: e.finish(), episodes))
+        trajectories = list(pool.map(lambda e: e.finish(), episodes)) if runs_tools else None
+        if tp is not None:
+            trajectories = tp.share(trajectories)
         stats.tools_s += time.monotonic() - t0
     stats.turns = turn
     for s, t in zip(samples, trajectories):
