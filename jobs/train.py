@@ -6,7 +6,8 @@
     srun --mpi=pmix python -m mpi4py jobs/train.py ... --pool      (slurm_templates/train.sbatch)
         one job, two roles: T trainer ranks (torch.distributed: policy.parallel.tensor x data
         parallel) and the reward pool's worker ranks (MPI, one GPU each), split evenly among the
-        trainers (a tensor-parallel group's episodes are scored by its first rank's workers)
+        trainers' tensor-parallel groups (a group's first rank scores its episodes), each group's
+        ranks consecutive: [trainers of group 0, its workers, trainers of group 1, ...]
     python jobs/train.py --config C --out RUN --submit [--executor slurm --nodes 2 --tasks-per-node 8 ...]
         the same through submitit; the job is Checkpointable: preempted or timed out, it is
         requeued and resumes from RUN's latest checkpoint
@@ -109,21 +110,28 @@ def _local(cfg, out: Path, quiet: bool) -> dict[str, Any]:
 
 
 def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
-    """Under MPI: split the world into `trainers` groups, each one trainer rank and its workers."""
+    """Under MPI: split the world into groups, each one tensor-parallel group of trainer ranks
+    (one rank without TP) and its workers, which serve the group's first rank: the one that
+    scores the group's episodes (hpc.rl.rollout)."""
     from mpi4py import MPI
 
-    from hpc.agent.backend import CachedBackend, PoolBackend, PoolClient
+    from hpc.agent.backend import CachedBackend, LocalBackend, PoolBackend, PoolClient
     from hpc.pool.coordinator import Coordinator
     from hpc.pool.worker import pin_device, run_worker
 
     world = MPI.COMM_WORLD
     size, rank = world.Get_size(), world.Get_rank()
-    if trainers < 1 or size < 2 * trainers:
-        raise UserError(f"--pool: {size} ranks cannot hold {trainers} trainer(s) with a worker each")
-    per_group = size // trainers
-    group_index = min(rank // per_group, trainers - 1)
+    tp = cfg.policy.parallel.tensor
+    if trainers < 1 or trainers % tp:
+        raise UserError(f"--trainers {trainers}: must be a positive multiple of policy.parallel.tensor {tp}")
+    groups = trainers // tp
+    if size < groups * (tp + 1):
+        raise UserError(f"--pool: {size} ranks cannot hold {trainers} trainer(s) (tensor parallel {tp}) with a "
+                        f"worker for each of their {groups} group(s)")
+    per_group = size // groups
+    group_index = min(rank // per_group, groups - 1)
     group = world.Split(group_index, rank)
-    is_trainer = group.Get_rank() == 0
+    is_trainer = group.Get_rank() < tp
     roles = world.Split(0 if is_trainer else 1, rank)   # trainers among themselves; workers among themselves
     if not is_trainer:
         if cfg.eval.backend == "cuda":
@@ -139,7 +147,9 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
     node = roles.Split_type(MPI.COMM_TYPE_SHARED)
     os.environ.update(RANK=str(roles.Get_rank()), WORLD_SIZE=str(roles.Get_size()), LOCAL_RANK=str(node.Get_rank()),
                       MASTER_ADDR=address[0], MASTER_PORT=str(address[1]))
-    coordinator = Coordinator(group, list(range(1, group.Get_size())))
+    if group.Get_rank() > 0:   # a TP group's other ranks take its first rank's results, never score
+        return run_trainer(cfg, out, LocalBackend(cfg.eval), quiet=True)
+    coordinator = Coordinator(group, list(range(tp, group.Get_size())))
     backend = PoolBackend(PoolClient(coordinator), cfg.eval)
     try:
         return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend,
@@ -189,7 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--out", required=True, help="run folder: results, checkpoints, report (resumed if present)")
     p.add_argument("--pool", action="store_true", help="under MPI: trainer rank(s) plus reward-worker ranks")
-    p.add_argument("--trainers", type=int, default=1, help="trainer ranks with --pool (data parallel)")
+    p.add_argument("--trainers", type=int, default=1,
+                   help="trainer ranks with --pool (policy.parallel.tensor x data parallel)")
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument("--submit", action="store_true", help="run as a submitit job (Slurm where srun exists)")
     p.add_argument("--nodes", type=int, default=1)

@@ -212,9 +212,9 @@ def test_training_with_the_reward_pool_under_mpirun(tmp_path):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")
 def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path):
-    """Two trainer ranks as one TP=2 group (each with a worker rank): SFT then a PPO step train the
-    sharded policy, and the sharded checkpoint records the layout (that the group's first rank
-    alone scores is tests/test_policy_parallel.py's)."""
+    """Two trainer ranks as one TP=2 group and its worker rank: SFT then a PPO step train the
+    sharded policy, the group's first rank scoring through the worker, and the sharded checkpoint
+    records the layout (that the other rank never scores is tests/test_policy_parallel.py's)."""
     import json
 
     from hpc.results.training import read_steps, read_trajectories
@@ -223,7 +223,7 @@ def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path)
                           stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
                                   {"name": "ppo", "kind": "ppo", "steps": 1}])
     env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    out = _run(["mpirun", "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
+    out = _run(["mpirun", "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
                 "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run"), "--pool", "--trainers", "2"],
                timeout=1200, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
@@ -234,6 +234,11 @@ def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path)
     assert len(trajectories) == 2 and all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
     meta = json.loads((tmp_path / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())
     assert meta["tensor_parallel"] == 2 and meta["optimizer"], meta
+    assert out.stdout.count("trained 3 steps") == 2      # both trainer ranks finish
+    bad = _run(["mpirun", "-n", "3", "--oversubscribe", sys.executable, "-m", "mpi4py", "jobs/train.py", "--config",
+                str(config), "--out", str(tmp_path / "bad"), "--pool", "--trainers", "3"], timeout=300, env=env)
+    assert bad.returncode != 0 and "error: --trainers 3: must be a positive multiple of policy.parallel.tensor 2" \
+        in bad.stderr, bad.stderr[-2000:]
 
 
 def test_submitit_runs_the_job_and_resumes_the_run(tmp_path):
