@@ -155,7 +155,9 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
         return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend,
                            quiet or roles.Get_rank() != 0)
     finally:
-        if not coordinator.close():
+        clean = coordinator.close()
+        print(f"reward pool of trainer rank {roles.Get_rank()}: {coordinator.usage_line()}", flush=True)
+        if not clean:
             _exit_now(1)
 
 

@@ -4,6 +4,7 @@ and a worker rank killed mid-batch loses no finished result and no request."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -62,6 +63,8 @@ def test_pool_answers_every_request_once_and_a_rerun_skips_finished_ones(tmp_pat
     assert sorted(r.task_id for r in records) == [f"level1/relu_{k}" for k in range(4)]
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
     assert "(rank 1," in log and "(rank 2," in log, log   # both workers served
+    busy = re.search(r"pool: 4 answered by 2 worker rank\(s\) in \d+ s \([\d.]+/min\), workers busy (\d+)%", log)
+    assert busy and 0 < int(busy.group(1)) <= 100, log
 
     again = _pool(3, tasks, solutions, out, cache_dir)
     log = _finish(again)

@@ -4,6 +4,7 @@ giving the same next step, and the two launch modes (MPI reward pool, submitit).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -208,6 +209,7 @@ def test_training_with_the_reward_pool_under_mpirun(tmp_path):
     assert len(trajectories) == 2
     assert all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
     assert out.stdout.count("trained 3 steps") == 1
+    assert re.search(r"reward pool of trainer rank 0: \d+ answered by 2 worker rank\(s\)", out.stdout), out.stdout
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")

@@ -97,6 +97,7 @@ def coordinate(comm, args, cfg) -> int:
         clean = pool.close()
     finally:
         writer.close()
+    print(f"pool: {pool.usage_line()}", file=sys.stderr, flush=True)
     for rank, reason in sorted(pool.dead.items()):
         print(f"pool: lost {reason}", file=sys.stderr, flush=True)
     if not clean:   # MPI_Finalize would wait for the lost ranks

@@ -36,6 +36,10 @@ class Coordinator:
         self._seq = itertools.count()
         self._ready: list[Result] = []
         self.said_bye: set[int] = set()
+        self.started = time.monotonic()
+        self.busy_s = {r: 0.0 for r in workers}        # seconds each rank held at least one request
+        self._busy_since: dict[int, float] = {}
+        self.answered = 0                                # results from worker ranks (not given up)
 
     # -- client side -------------------------------------------------------------------------
     def submit(self, item: WorkItem) -> None:
@@ -85,6 +89,29 @@ class Coordinator:
         return not self.dead
 
     # -- the loop ----------------------------------------------------------------------------
+    def usage(self) -> dict[str, float]:
+        """Since the coordinator started: results answered by worker ranks, and the share of the
+        worker ranks' time (all of them, live or not) spent holding a request."""
+        now = time.monotonic()
+        busy = sum(self.busy_s.values()) + sum(now - t for t in self._busy_since.values())
+        wall = now - self.started
+        return {"workers": len(self.busy_s), "wall_s": wall, "answered": self.answered,
+                "busy_fraction": busy / (wall * len(self.busy_s)) if wall > 0 and self.busy_s else 0.0}
+
+    def usage_line(self) -> str:
+        """`usage()` as the line a pool's log ends with."""
+        u = self.usage()
+        per_min = 60 * u["answered"] / u["wall_s"] if u["wall_s"] > 0 else 0.0
+        return (f"{u['answered']} answered by {u['workers']} worker rank(s) in {u['wall_s']:.0f} s "
+                f"({per_min:.2f}/min), workers busy {100 * u['busy_fraction']:.0f}% of the time")
+
+    def _mark(self, rank: int) -> None:
+        """Keep the rank's busy time: it started or stopped holding requests."""
+        if self.inflight[rank] and rank not in self._busy_since:
+            self._busy_since[rank] = time.monotonic()
+        elif not self.inflight[rank] and rank in self._busy_since:
+            self.busy_s[rank] += time.monotonic() - self._busy_since.pop(rank)
+
     def _serve(self, poll_s: float) -> None:
         self._receive(poll_s)
         self._check_liveness()
@@ -93,6 +120,7 @@ class Coordinator:
             rank = self.idle.pop(0)
             item.attempts += 1
             self.inflight[rank].append([item, time.monotonic()])
+            self._mark(rank)
             self.comm.send(item, dest=rank, tag=WORK)
 
     def _receive(self, poll_s: float) -> None:
@@ -117,6 +145,8 @@ class Coordinator:
                         self.inflight[rank] = held = [e for e in held if e[0].id != msg.id]
                         if held:   # the rank's next request starts now
                             held[0][1] = time.monotonic()
+                        self._mark(rank)
+                        self.answered += 1
                         self._ready.append(msg)
             elif time.monotonic() >= deadline:
                 return
@@ -140,6 +170,7 @@ class Coordinator:
         self.dead[rank] = reason
         self.idle = [r for r in self.idle if r != rank]
         held, self.inflight[rank] = self.inflight[rank], []
+        self._mark(rank)
         for k, (item, _) in enumerate(held):
             if (retry_first or k > 0) and item.attempts <= self.retries:
                 heapq.heappush(self._queue, (item.priority, next(self._seq), item))
@@ -152,6 +183,7 @@ class Coordinator:
         for rank, held in self.inflight.items():
             self._ready.extend(_failed(item, reason) for item, _ in held)
             held.clear()
+            self._mark(rank)
 
 
 def _failed(item: WorkItem, reason: str) -> Result:
