@@ -133,9 +133,12 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
     group = world.Split(group_index, rank)
     is_trainer = group.Get_rank() < tp
     roles = world.Split(0 if is_trainer else 1, rank)   # trainers among themselves; workers among themselves
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    trainers_here = node.allreduce(int(is_trainer))      # a node's first GPUs are its trainers', the rest workers'
+    node.Free()
     if not is_trainer:
         if cfg.eval.backend == "cuda":
-            pin_device(roles)
+            pin_device(roles, first=trainers_here)
         clean = run_worker(group, 0, cfg.eval)
         if not clean:
             _exit_now(0)

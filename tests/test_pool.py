@@ -149,3 +149,14 @@ def test_a_worker_rank_bound_to_one_core_says_so(tmp_path, bind, warned):
     assert ("pool worker rank 1: bound to 1 of" in proc.stderr) is warned, proc.stderr
     assert [r.reason for r in read_records(tmp_path / "r.h5")] == [f"no candidate for level1/relu under "
                                                                    f"{tmp_path / 'candidates'}"]
+
+
+def test_a_worker_rank_takes_the_gpus_after_the_ones_trainers_use():
+    """A node's first GPUs are its trainer ranks' (`first`), a worker rank's the next ones, in
+    CUDA_VISIBLE_DEVICES order: a worker never shares a trainer's GPU while GPUs remain."""
+    code = ("from mpi4py import MPI; from hpc.pool.worker import pin_device; import os; "
+            "print(pin_device(MPI.COMM_SELF, first=2), os.environ['CUDA_VISIBLE_DEVICES'])")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "4,5,6,7", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["6", "6"], out.stdout + out.stderr

@@ -46,13 +46,14 @@ def local_device(worker_index_on_node: int) -> str:
     return str(worker_index_on_node % count) if count else ""
 
 
-def pin_device(workers_comm) -> str:
-    """Give this worker rank its own GPU: the n-th visible one, n its index among its node's
-    workers (a collective call over `workers_comm`). Returns the device, "" without GPUs."""
+def pin_device(workers_comm, first: int = 0) -> str:
+    """Give this worker rank its own GPU: the (first + n)-th visible one, n its index among its
+    node's workers (a collective call over `workers_comm`; `first`: GPUs of the node other ranks
+    use, e.g. a trainer's). Returns the device, "" without GPUs."""
     from mpi4py import MPI
 
     node = workers_comm.Split_type(MPI.COMM_TYPE_SHARED)
-    device = local_device(node.Get_rank())
+    device = local_device(first + node.Get_rank())
     node.Free()
     if device:
         os.environ["CUDA_VISIBLE_DEVICES"] = device
