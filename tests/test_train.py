@@ -3,6 +3,7 @@ giving the same next step, and the two launch modes (MPI reward pool, submitit).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -188,6 +189,8 @@ def test_every_stage_kind_of_the_recipe_runs_in_order(tmp_path):
     assert by_stage["ppo_multi"]["turns_mean"] >= 1
     assert {stage: by_stage[stage]["optimizer_steps"] for stage in by_stage} == {
         "warmup_sft": 1, "ppo_single": 4, "rft_sample": 0, "rft": 1, "value_pretrain": 1, "ppo_multi": 4}
+    assert all(by_stage[stage]["update_tokens"] > 0 for stage in ("warmup_sft", "ppo_single", "rft", "ppo_multi"))
+    assert math.isnan(by_stage["rft_sample"]["update_tokens"]) and math.isnan(by_stage["value_pretrain"]["update_tokens"])
     multi = read_trajectories(tmp_path / "run" / "train.h5", step=85)
     assert len(multi) == 2 and all(t["mode"] == "multi_turn" for t in multi)
 
@@ -231,7 +234,7 @@ def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     steps = read_steps(tmp_path / "run" / "train.h5")
     assert [r["stage"] for r in steps] == ["warmup_sft", "warmup_sft", "ppo"]
-    assert steps[-1]["optimizer_steps"] == 1 and steps[-1]["samples"] == 2
+    assert steps[-1]["optimizer_steps"] == 1 and steps[-1]["samples"] == 2 and steps[-1]["update_tokens"] > 0
     trajectories = read_trajectories(tmp_path / "run" / "train.h5", step=3)
     assert len(trajectories) == 2 and all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
     meta = json.loads((tmp_path / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())

@@ -16,7 +16,7 @@ import pytest
 from hpc.errors import UserError
 from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
 from hpc.results.record import EvalRecord
-from hpc.results.training import STEP_FIELDS, TrainingWriter, read_steps, read_trajectories
+from hpc.results.training import STEP_FIELDS, TRAIN_SCHEMA_VERSION, TrainingWriter, read_steps, read_trajectories
 from jobs.analyze import main as analyze_main
 
 
@@ -198,9 +198,11 @@ def test_a_file_of_schema_version_1_reads_and_continues_with_the_columns_added_s
     rows = read_steps(path)
     assert [r["stage"] for r in rows] == ["sft", "ppo"]
     assert math.isnan(rows[0]["optimizer_steps"]) and rows[1]["optimizer_steps"] == 4
+    assert all(math.isnan(r["update_tokens"]) for r in rows)
     with h5py.File(path, "r") as f:
-        assert f["train"].attrs["schema_version"] == 2 and f["train/steps/optimizer_steps"].shape == (2,)
-    with h5py.File(path, "a") as f:     # a version-2 file without the column is malformed
+        assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION == 3
+        assert f["train/steps/optimizer_steps"].shape == f["train/steps/update_tokens"].shape == (2,)
+    with h5py.File(path, "a") as f:     # a current file without the column is malformed
         del f["train/steps/optimizer_steps"]
     with pytest.raises(UserError, match="/train/steps lacks columns optimizer_steps"):
         read_steps(path)
@@ -274,4 +276,4 @@ def test_analyze_of_malformed_training_data_is_one_error_line(tmp_path, capsys):
         f["train"].attrs["schema_version"] = 7
     assert analyze_main([str(path), "--out", str(tmp_path / "report")]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: results {path}: /train is not training data of schema version 1..2"]
+        f"error: results {path}: /train is not training data of schema version 1..{TRAIN_SCHEMA_VERSION}"]

@@ -431,7 +431,8 @@ class Trainer:
                      [0.0] * len(rows), self.tokenizer.pad_id, self.device)
         t0 = time.monotonic()
         loss = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size)
-        return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows), "optimizer_steps": 1}
+        return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows), "optimizer_steps": 1,
+                "update_tokens": _tokens(batch)}
 
     def _value(self, stage: StageConfig) -> dict[str, Any]:
         rows = self._minibatch(self.rft_samples, stage.batch_size, 2)
@@ -498,6 +499,7 @@ class Trainer:
                            rng=self._rng(5))
         out = stats.as_dict()
         out.pop("reward_mean")
+        out["update_tokens"] = _tokens(batch) * rl.ppo_epochs   # each epoch passes the batch once, in minibatches
         return out
 
     def _barrier(self) -> None:
@@ -529,6 +531,11 @@ def _outcome(sample: Sample, margin: float) -> dict[str, Any]:
             "faster_compile": correct and (rec.get("speedup_compile") or 0) > 1 + margin,
             "generated": sample.generated_tokens, "clipped": sample.clipped_replies, "replies": sample.replies,
             "malformed": bool(sample.trajectory and sample.trajectory.malformed_calls)}
+
+
+def _tokens(batch: RolloutBatch) -> int:
+    """Tokens of `batch` a forward pass computes on, padding excluded."""
+    return int((~batch.pad_mask).sum())
 
 
 def _batch(samples: list[Sample], pad_id: int, device: torch.device) -> RolloutBatch:
