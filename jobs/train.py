@@ -151,7 +151,10 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
     os.environ.update(RANK=str(roles.Get_rank()), WORLD_SIZE=str(roles.Get_size()), LOCAL_RANK=str(node.Get_rank()),
                       MASTER_ADDR=address[0], MASTER_PORT=str(address[1]))
     if group.Get_rank() > 0:   # a TP group's other ranks take its first rank's results, never score
-        return run_trainer(cfg, out, LocalBackend(cfg.eval), quiet=True)
+        try:
+            return run_trainer(cfg, out, LocalBackend(cfg.eval), quiet=True)
+        finally:
+            _finish_trainers(roles, True)
     coordinator = Coordinator(group, list(range(tp, group.Get_size())))
     backend = PoolBackend(PoolClient(coordinator), cfg.eval)
     try:
@@ -160,11 +163,28 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
     finally:
         clean = coordinator.close()
         print(f"reward pool of trainer rank {roles.Get_rank()}: {coordinator.usage_line()}", flush=True)
-        if not clean:
-            _exit_now(1)
+        for reason in coordinator.dead.values():
+            print(f"reward pool of trainer rank {roles.Get_rank()}: lost {reason}", flush=True)
+        _finish_trainers(roles, clean)
+
+
+def _finish_trainers(trainers, clean: bool) -> None:
+    """Every trainer rank ends alike: if any pool lost a worker rank, none may enter
+    MPI_Finalize (it would wait for the dead rank), so all leave at once (exit 1)."""
+    from mpi4py import MPI
+
+    if not trainers.allreduce(clean, op=MPI.LAND):
+        _exit_now(1)
 
 
 def _exit_now(code: int) -> None:
+    """Leave without MPI_Finalize. Children this process started through multiprocessing
+    (megatron's checkpoint writer) are killed first: they would outlive it holding mpirun's
+    output pipes, and mpirun waits for those to close."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

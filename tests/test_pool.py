@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc.pool.processes import process_with
 from hpc.results.hdf5 import read_records
 from tests.conftest import RELU_TASK, ROOT, TESTS
 
@@ -84,23 +85,6 @@ def test_one_worker_rank_runs_evaluations_concurrently(tmp_path, cache_dir):
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
     assert any(b.timestamp < a.timestamp + a.wall_seconds for a, b in zip(records, records[1:])), [
         (r.timestamp, r.wall_seconds) for r in records]
-
-
-def process_with(command_part: bytes, *env: str) -> int | None:
-    """The pid of a process whose command line holds `command_part` and whose environment holds
-    every `NAME=value` of `env` (how a test finds one MPI rank among its siblings)."""
-    wanted = [e.encode() for e in env]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if command_part in cmd and all(w in environ for w in wanted):
-            return int(entry.name)
-    return None
 
 
 def test_a_worker_rank_killed_mid_batch_loses_no_result(tmp_path, cache_dir):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from hpc.pool.processes import process_with
 from hpc.results.hdf5 import read_records
 from tests.conftest import ROOT
-from tests.test_pool import _suite, process_with
+from tests.test_pool import _suite
 
 TEMPLATES = ROOT / "slurm_templates"
 

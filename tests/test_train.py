@@ -246,6 +246,28 @@ def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path)
         in bad.stderr, bad.stderr[-2000:]
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")
+def test_a_reward_rank_killed_during_training_loses_no_sample_and_the_job_ends(tmp_path):
+    """benchmarks/full_scale.py's fault drill at CPU scale: a TP=2 group of trainers and two
+    workers; the last worker is SIGKILLed in the PPO stage. The step completes with every sample
+    scored, the loss is reported, and the job ends (no rank left waiting in MPI_Finalize, no
+    child process holding mpirun's output open)."""
+    import json
+
+    config = small_config(tmp_path, stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
+                                            {"name": "ppo", "kind": "ppo", "steps": 1}])
+    out = _run([sys.executable, "benchmarks/full_scale.py", "--config", str(config), "--tensor", "2", "--out",
+                str(tmp_path / "fs"), "--ranks", "4", "--trainers", "2", "--scaling", "1", "--kill-after", "0.5"],
+               timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    figures = json.loads((tmp_path / "fs" / "full_scale.json").read_text())
+    main, scaling = figures["runs"]["main"], figures["runs"]["scaling-1"]
+    assert main["killed"]["rank"] == 3 and main["lost"] and "worker rank 3" in main["lost"][0], main
+    assert [s["scored"] for s in main["steps"]] == [s["samples"] for s in main["steps"]] == [2]
+    assert main["pools"][0]["workers"] == 2 and scaling["pools"][0]["workers"] == 1
+    assert figures["params"] > 0 and main["steps"][0]["update_tokens_per_s"] > 0
+
+
 def test_submitit_runs_the_job_and_resumes_the_run(tmp_path):
     """--submit (local executor without Slurm) runs the Checkpointable job; submitting the same
     run again resumes it from its last checkpoint and trains nothing twice."""

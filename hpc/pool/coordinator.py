@@ -75,6 +75,13 @@ class Coordinator:
         Returns True when every rank stopped cleanly; False when some rank was lost, in which case
         the workers were told to skip MPI_Finalize and so should the caller.
         """
+        # A rank that died unnoticed is found first (each live rank heard from since now, or
+        # declared dead): plain STOP lets the others enter MPI_Finalize, which would wait forever
+        # for a dead rank.
+        asked = time.monotonic()
+        while any(self.last_seen[r] < asked for r in self.live):
+            self._receive(0.05)
+            self._check_liveness()
         stopping, waiting = set(self.live), set(self.live)
         while waiting:
             message = STOP_NOW if self.dead else STOP
