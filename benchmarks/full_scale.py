@@ -100,13 +100,15 @@ def parameters(run: Path) -> int:
         teardown()
 
 
-def step_figures(out: Path, params: int, tensor: int, trainers: int, peak_tflops: float) -> list[dict]:
+def step_figures(out: Path, ppo_stages: list[str], params: int, tensor: int, trainers: int,
+                 peak_tflops: float) -> list[dict]:
+    """One row per step of a PPO stage of the run in `out`."""
     from hpc.results.training import read_steps, read_trajectories
 
     rows = []
     for r in read_steps(out / "train.h5"):
-        if r["optimizer_steps"] != r["optimizer_steps"] or r["samples"] == 0 or r["reward_s"] != r["reward_s"]:
-            continue   # SFT and value steps: no rollout
+        if r["stage"] not in ppo_stages:
+            continue
         dp = trainers // tensor
         tokens_s = r["update_tokens"] * dp / r["update_s"] if r["update_s"] else float("nan")
         rows.append({"step": r["step"], "stage": r["stage"], "samples": r["samples"],
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["params"] = params
     for name, ranks, trainers, _ in plan:
         run = figures["runs"][name]
-        run["steps"] = step_figures(out / name, params, tensor, trainers, args.peak_tflops)
+        run["steps"] = step_figures(out / name, ppo, params, tensor, trainers, args.peak_tflops)
         print(f"{name}: exit {run['returncode']}, {run['wall_s']} s; pools {run['pools']}; killed {run['killed']}")
         for s in run["steps"]:
             mfu = "-" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%"
