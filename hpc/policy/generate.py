@@ -1,11 +1,21 @@
 """Batched sampling from the policy with a KV cache, recording each token's log-prob for PPO.
 
-A hand-written loop over megatron's StaticInferenceContext (its engines need CUDA): prompts
-are left-padded to a common length, one prefill pass fills the cache, then each step feeds one
-token per row. Padding keys are masked in every step, and rotary embeddings are relative, so
-a padded row samples exactly what it would alone. Without stop strings the loop never waits
-for the GPU: stop tokens are checked on the device and the samples come back once at the end;
-stop strings need each row's text, so with them every step brings the samples back.
+Prompts are left-padded to a common length; one prefill pass fills the cache, then each step
+feeds one token per row. Padding keys are masked in every step, and rotary embeddings are
+relative, so a padded row samples exactly what it would alone.
+
+Two decoders compute the same forward. On one tensor-parallel rank (and megatron's local layer
+spec) it is `hpc.policy.decode.StaticDecoder`: the policy's own modules over a KV cache of
+fixed shape, so on CUDA the one-token step is captured once in a CUDA graph (after warm-up
+steps at a cache column no real step uses) and replayed per token, its token and position read
+from device tensors; the prefill runs eagerly. Elsewhere (tensor parallelism, Transformer
+Engine layers) it is megatron's own loop over StaticInferenceContext (its engines need CUDA),
+whose per-layer Python bounds a step by kernel launches at small models and large batches.
+Sampling stays outside the graph, with its torch.Generator.
+
+Without stop strings the loop never waits for the GPU: stop tokens are checked on the device
+and the samples come back once at the end; stop strings need each row's text, so with them
+every step brings the samples back.
 
 Log-probs are those of the temperature-scaled distribution over the model's vocabulary
 (log_softmax(logits / T); T = 1 for greedy), before top-p truncation: the quantity a trainer
@@ -15,11 +25,12 @@ the loop; TP rank 0's samples are broadcast so all ranks return the same result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from hpc.policy import decode
 from hpc.policy.config import PolicyModelConfig
 from hpc.policy.model import attention_mask, mask_padded_vocab, position_ids
 from hpc.policy.tokenizer import Tokenizer
@@ -121,16 +132,89 @@ def _stop_match(text: str, stops: Sequence[str]) -> int:
     return min(ends) if ends else -1
 
 
+DECODERS = ("auto", "static", "megatron")
+
+
+def _megatron_forward(model: torch.nn.Module, tokens: torch.Tensor, pad: torch.Tensor,
+                      width: int) -> Callable[[int], torch.Tensor]:
+    """megatron's static-batching inference over `tokens` [b, total] (prompts in columns
+    0..width-1): a function of the step giving that step's last-position logits [b, V]."""
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    context = StaticInferenceContext(*tokens.shape)
+
+    def forward(step: int) -> torch.Tensor:
+        if step == 0:
+            step_input, mask = tokens[:, :width], attention_mask(pad[:, :width])
+        else:
+            pos = width + step - 1
+            step_input, mask = tokens[:, pos:pos + 1], pad[:, None, None, :pos + 1]
+        logits = model(step_input, position_ids(step_input) + context.sequence_len_offset, mask,
+                       inference_context=context, runtime_gather_output=True)
+        context.sequence_len_offset += step_input.shape[1]
+        return logits[:, -1, :]
+
+    return forward
+
+
+class _StaticForward:
+    """`StaticDecoder` over `tokens` [b, total] (prompts in columns 0..width-1): called with the
+    step, gives that step's last-position logits [b, V]. Each step's token is read from `tokens`
+    at a device position, so with `graphs` one captured step serves them all."""
+
+    def __init__(self, model: torch.nn.Module, cfg: PolicyModelConfig, tokens: torch.Tensor,
+                 pad: torch.Tensor, width: int, graphs: bool) -> None:
+        self.decoder = decode.StaticDecoder(model, cfg, *tokens.shape)
+        self.tokens, self.pad, self.width, self.graphs = tokens, pad, width, graphs
+        self.position = torch.zeros(1, dtype=torch.long, device=tokens.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def _step(self) -> torch.Tensor:
+        token = self.tokens.index_select(1, self.position).squeeze(1)
+        return self.decoder.step(token, self.position, self.pad)
+
+    def _capture(self) -> None:
+        # Warm-up steps (on a side stream, as capture wants) write the last column, which no
+        # real step writes (its token is sampled, never fed) and every real step masks.
+        self.position.fill_(self.tokens.shape[1] - 1)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._step()
+
+    def __call__(self, step: int) -> torch.Tensor:
+        if step == 0:
+            return self.decoder.prefill(self.tokens[:, :self.width], self.pad[:, :self.width])
+        if self.graphs and self.graph is None:
+            self._capture()
+        self.position.fill_(self.width + step - 1)
+        if self.graph is None:
+            return self._step()
+        self.graph.replay()
+        return self.logits
+
+
 def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenizer,
-             prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+             prompts: Sequence[Sequence[int]], params: SamplingParams, *, decoder: str = "auto",
+             cuda_graphs: bool = True) -> list[Completion]:
     """Sample a completion for each prompt (token ids) with the single-stage policy `model`.
 
     Collective over the tensor-parallel group: every TP rank calls it with the same prompts.
+    `decoder`: "static" (`StaticDecoder`; refused where it cannot run), "megatron" (megatron's
+    loop) or "auto" (static wherever it can run). `cuda_graphs`: replay the static decoder's
+    step as a CUDA graph (on CUDA only; off, the same step runs eagerly).
     """
     from megatron.core import parallel_state as ps
-    from megatron.core.inference.contexts import StaticInferenceContext
 
     params.validate()
+    if decoder not in DECODERS:
+        raise ValueError(f"generate: decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
     if ps.get_pipeline_model_parallel_world_size() != 1:
         raise ValueError("generate: needs pipeline-parallel size 1 (shard the policy with TP instead)")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -176,19 +260,17 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
     texts: list[str | None] = [None] * batch
     finish = [""] * batch
     steps = 0
+    static = decoder == "static" or (decoder == "auto" and decode.unsupported(model) is None)
     was_training = model.training
     model.eval()
-    context = StaticInferenceContext(batch, total)
     try:
         with torch.no_grad():
-            step_input = tokens[:, :width]
-            mask = attention_mask(pad[:, :width])
+            if static:
+                forward = _StaticForward(model, cfg, tokens, pad, width, cuda_graphs and device.type == "cuda")
+            else:
+                forward = _megatron_forward(model, tokens, pad, width)
             for step in range(params.max_new_tokens):
-                start = context.sequence_len_offset
-                logits = model(step_input, position_ids(step_input) + start, mask,
-                               inference_context=context, runtime_gather_output=True)
-                context.sequence_len_offset += step_input.shape[1]
-                last = mask_padded_vocab(logits[:, -1, :], cfg.vocab_size)
+                last = mask_padded_vocab(forward(step), cfg.vocab_size)
                 next_token, logp = sample_next(last, params.temperature, params.top_p, generator)
                 if tp_size > 1:
                     torch.distributed.broadcast(next_token, tp_src, group=tp_group)
@@ -218,9 +300,6 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
                             texts[i] = text[:_stop_match(text, params.stop)]
                     if all(finish):
                         break
-                pad[:, pos] = False
-                step_input = tokens[:, pos:pos + 1]
-                mask = pad[:, None, None, :pos + 1]
     finally:
         model.train(was_training)
     if params.temperature > 0 and bool(gen_logprobs[:, :steps].isnan().any()):
