@@ -18,6 +18,8 @@ show what limits MFU. Variants (`--train-variants`):
     sdpa           torch SDPA core attention, the forward the trainer runs (`forward_logits` with
                    the batch's padding mask: a right-padded batch gets no explicit mask, so the
                    causal flash kernel), megatron's torch.compile'd fusions on: the default
+    sdpa-repeat-kv sdpa with GQA's key/value heads repeated to the query heads (the copies
+                   `enable_gqa` saves)
     sdpa-explicit-mask  sdpa with the explicit [b, 1, s, s] mask (`attention_mask`) the trainer
                    passed before (memory-efficient kernel): what left padding still needs
     sdpa-nofusion  sdpa with megatron's fusions off
@@ -34,8 +36,10 @@ bf16 dense 989). `mfu_excl_lm_head` drops the V * h term (6 * N_nonembed + the a
 
 Rollout: `--gen-batch` prompts of `--prompt-len` random tokens, `--new-tokens` sampled at
 temperature 1 (top-p 1, no stop token or string), so every row yields exactly `--new-tokens`.
-Our loop (the policy config's defaults: SDPA attention and the fusions on the GPU) is timed in
-full and prefill-only (their difference gives the decode rate), then with the eos stop token
+Our loop (the policy config's defaults: SDPA attention and the fusions on the GPU; the static
+decoder with its step replayed as a CUDA graph) is timed in full and prefill-only (their
+difference gives the decode rate), then the same rollout with the static decoder's step run
+eagerly and with megatron's own inference loop, then with the eos stop token
 (checked on the device; the rows may stop early) and with a stop string that never matches (the
 per-row Python path that stop strings need; `--skip-stop-string` leaves both out). HF: a random
 `Qwen2ForCausalLM` (`LlamaForCausalLM` for a shape without qkv biases) of the same shape and
@@ -72,13 +76,15 @@ from hpc.policy.tokenizer import ByteTokenizer  # noqa: E402
 H200_BF16_DENSE_TFLOPS = 989.0
 
 # name -> (policy.attention, policy.fusions, attention mask: "trainer" (`forward_logits` with the
-# padding mask) | "explicit" (`attention_mask`), compile layers)
+# padding mask) | "explicit" (`attention_mask`), compile layers, GQA's key/value heads read in
+# place by the flash kernel (False: repeated, as before `enable_gqa`))
 VARIANTS = {
-    "sdpa": ("sdpa", "auto", "trainer", False),
-    "sdpa-explicit-mask": ("sdpa", "auto", "explicit", False),
-    "sdpa-nofusion": ("sdpa", "off", "trainer", False),
-    "local": ("local", "auto", "trainer", False),
-    "sdpa-compile": ("sdpa", "auto", "trainer", True),
+    "sdpa": ("sdpa", "auto", "trainer", False, True),
+    "sdpa-repeat-kv": ("sdpa", "auto", "trainer", False, False),
+    "sdpa-explicit-mask": ("sdpa", "auto", "explicit", False, True),
+    "sdpa-nofusion": ("sdpa", "off", "trainer", False, True),
+    "local": ("local", "auto", "trainer", False, True),
+    "sdpa-compile": ("sdpa", "auto", "trainer", True, True),
 }
 
 # Kernel-name substrings -> category, first match wins (attention before GEMM: fmha kernels are
@@ -203,11 +209,14 @@ def train_variant(name: str, args: argparse.Namespace, device: torch.device, pro
     from hpc.policy.model import (attention_mask, build_policy, count_parameters, forward_logits, position_ids,
                                   token_logprobs, token_logprobs_and_entropy)
 
-    attention, fusions, mask, compile_layers = VARIANTS[name]
+    attention, fusions, mask, compile_layers, native_gqa = VARIANTS[name]
     cfg = model_config(args, attention=attention, fusions=fusions)
     torch.manual_seed(args.seed)
     model = build_policy(cfg)
     model.train()
+    if not native_gqa:
+        for layer in model.decoder.layers:
+            layer.self_attention.core_attention.native_gqa = False
     if compile_layers:
         for layer in model.decoder.layers:
             layer.compile()
@@ -253,7 +262,8 @@ def train_variant(name: str, args: argparse.Namespace, device: torch.device, pro
     peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
     out = {
         "attention": attention, "fusions": cfg.fusions_on(device.type == "cuda"), "mask": mask,
-        "compiled_layers": compile_layers, "micro_batch": b, "seq": s, "steps": args.train_steps,
+        "compiled_layers": compile_layers, "native_gqa": native_gqa, "micro_batch": b, "seq": s,
+        "steps": args.train_steps,
         "warmup_steps": args.warmup, "warmup_s": round(warmup_s, 2),
         "step_ms": 1e3 * elapsed / args.train_steps, "tokens_per_s": tps,
         "model_tflops_per_s": f["flops_per_token"] * tps / 1e12,
@@ -380,6 +390,15 @@ def run_ours(args: argparse.Namespace, device: torch.device, gen_figs: dict) -> 
               if decode_steps else "decode n/a")
     print(f"ours: {count} tokens in {total_s:.2f} s = {ours['tokens_per_s']:,.0f} tokens/s "
           f"(prefill {1e3 * prefill_s:.0f} ms; {decode})", flush=True)
+    # The same rollout through the other decoders (`hpc.policy.generate`): the static decoder's
+    # step run eagerly, and megatron's own inference loop (what ran before the static decoder).
+    for key, kw in (("ours_static_eager", {"cuda_graphs": False}), ("ours_megatron_loop", {"decoder": "megatron"})):
+        generate(model, cfg, tok, prompts, params(min(4, args.new_tokens)), **kw)
+        out, s_s = _timed(lambda: generate(model, cfg, tok, prompts, params(args.new_tokens), **kw), device)
+        count = sum(len(c.tokens) for c in out)
+        gen_figs[key] = {"new_tokens": count, "seconds": s_s, "tokens_per_s": count / s_s}
+        print(f"ours, {key.removeprefix('ours_').replace('_', ' ')}: {count} tokens, {count / s_s:,.0f} tokens/s",
+              flush=True)
     if not args.skip_stop_string:
         # A stop token the rows may sample (checked on the device), then a stop string that never
         # matches (each row's text checked in Python every step). Row lengths may differ from

@@ -1,7 +1,8 @@
 """The policy's training-step paths: log-probs and entropy computed a chunk of positions at a time
-equal the full fp32 log-softmax (values and gradients), a right-padded batch runs without an
-explicit mask and gives the same logits at its real positions, and the RMSNorms run in the
-activations' dtype while their weights stay fp32."""
+over the real vocabulary columns equal the full fp32 log-softmax (values and gradients), and their
+compiled chunk kernels equal the eager ones; a right-padded batch runs without an explicit mask
+and gives the same logits at its real positions, and the RMSNorms run in the activations' dtype
+while their weights stay fp32."""
 
 from __future__ import annotations
 
@@ -17,66 +18,112 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
                                         "ignore::FutureWarning")
 
 VOCAB, WIDTH = 17, 24        # 7 padding columns
+CHUNK = 4                    # positions a chunk when chunked: 11 positions are chunks of 4, 4, 3
 
 
 def _reference(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int):
-    """What the update computed before: the whole [..., T, V] log-softmax in fp32."""
-    logp = torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
-    entropy = -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+    """The whole [..., T, W] log-softmax in fp32 under autograd, padding masked; the entropy
+    over the real columns only (at the padding p log p = 0 x -inf)."""
+    full = torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
+    logp = full[..., :vocab_size]
+    return full.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
 
 
-def _logits(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the model's output [B, T, V], its next-token slice [B, T-1, V] as callers take it, targets)."""
+def _logits(dtype: torch.dtype, shape: str, seed: int = 0, length: int = 12):
+    """(the model's output [B, T, W] or [T, W], its next-token slice as callers take it, targets
+    with some in the padding)."""
     g = torch.Generator().manual_seed(seed)
-    out = (3 * torch.randn(3, 12, WIDTH, generator=g)).to(dtype).requires_grad_()
-    return out, out[:, :-1], torch.randint(0, VOCAB, (3, 11), generator=g)
+    lead = (3,) if shape == "[B, T, V]" else ()
+    out = (3 * torch.randn(*lead, length, WIDTH, generator=g)).to(dtype).requires_grad_()
+    targets = torch.randint(0, VOCAB, (*lead, length - 1), generator=g)
+    targets[..., 2] = VOCAB + 2
+    return out, out[..., :-1, :], targets
 
 
-@pytest.fixture(params=["one chunk", "chunks of 2 positions"])
-def chunking(request, monkeypatch):
-    if request.param != "one chunk":
-        monkeypatch.setattr(model, "_CHUNK_ELEMENTS", 2 * 3 * WIDTH)
+def _chunk_elements(logits: torch.Tensor) -> int:
+    """`_CHUNK_ELEMENTS` for chunks of CHUNK positions of these logits."""
+    return CHUNK * logits[..., 0, :].numel()
 
 
+def _loss(logp: torch.Tensor, entropy: torch.Tensor, grads: str, seed: int = 1) -> torch.Tensor:
+    """A random weighting of what `grads` names: the upstream gradients g_logp and g_H, away
+    from 0 so that a dropped term shows. A target in the padding makes the loss -inf, but its
+    gradient (-p g_logp at the real columns) is finite."""
+    g = torch.Generator().manual_seed(seed)
+    w_logp, w_entropy = (torch.rand(logp.shape, generator=g) + 0.5 for _ in range(2))
+    loss = torch.zeros(())
+    if grads in ("both", "logp"):
+        loss = loss + (logp * w_logp).sum()
+    if grads in ("both", "entropy"):
+        loss = loss - (entropy * w_entropy).sum()
+    return loss
+
+
+def _grad(out: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+    (grad,) = torch.autograd.grad(loss, out)
+    return grad
+
+
+@pytest.mark.parametrize("grads", ["both", "logp", "entropy"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "chunks of 4, 4, 3"])
+@pytest.mark.parametrize("shape", ["[B, T, V]", "[T, V]"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_logprobs_and_entropy_equal_the_full_log_softmax(dtype, chunking):
-    out, logits, targets = _logits(dtype)
-    g = torch.Generator().manual_seed(1)
-    w_logp = torch.randn(targets.shape, generator=g)
-    # |weight| < 1: the reference's entropy gradient at the masked columns is 0 * (-3.4e38 * w),
-    # NaN (0 * -inf) once |w| >= 1; the chunked one sets those columns to 0 whatever w.
-    w_entropy = torch.rand(targets.shape, generator=g) - 0.5
+def test_logprobs_and_entropy_equal_the_full_log_softmax(dtype, shape, chunked, grads, monkeypatch):
+    out, logits, targets = _logits(dtype, shape)
+    if chunked:
+        monkeypatch.setattr(model, "_CHUNK_ELEMENTS", _chunk_elements(logits))
+    assert [len(range(11)[c]) for c in model._position_chunks(logits)] == ([4, 4, 3] if chunked else [11])
 
     logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
-    (logp * w_logp + entropy * w_entropy).sum().backward()
-    grad, out.grad = out.grad, None
+    grad = _grad(out, _loss(logp, entropy, grads))
     ref_logp, ref_entropy = _reference(logits, targets, VOCAB)
-    (ref_logp * w_logp + ref_entropy * w_entropy).sum().backward()
+    ref_grad = _grad(out, _loss(ref_logp, ref_entropy, grads))
 
-    assert logp.dtype == entropy.dtype == torch.float32
-    torch.testing.assert_close(logp, ref_logp)
-    torch.testing.assert_close(entropy, ref_entropy)
-    assert grad.dtype == dtype and torch.all(grad[..., VOCAB:] == 0)
-    torch.testing.assert_close(grad, out.grad)
+    assert logp.dtype == entropy.dtype == torch.float32 and logp.shape == entropy.shape == targets.shape
+    assert torch.all(logp[..., 2] == float("-inf"))
+    torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=0, atol=1e-5)
+    assert grad.dtype == dtype and torch.all(grad[..., VOCAB:] == 0) and torch.all(grad[..., -1, :] == 0)
+    assert grad[..., :-1, :VOCAB].abs().min() > 0
+    if dtype == torch.float32:
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5)
+    else:   # both round the same fp32 gradient to bf16, up to fp32 rounding: at most an ulp apart
+        torch.testing.assert_close(grad, ref_grad, rtol=2 ** -7, atol=1e-5)
+    if grads == "logp":     # token_logprobs: the same values, and no entropy gradient at all
+        alone = token_logprobs(logits, targets, VOCAB)
+        assert torch.equal(alone, logp)
+        torch.testing.assert_close(_grad(out, _loss(alone, entropy.detach(), "logp")), grad, rtol=0, atol=0)
 
 
-def test_logprobs_alone_and_a_target_in_the_padding(chunking):
-    out, logits, targets = _logits(torch.float32)
-    w = torch.randn(targets.shape)
-    (token_logprobs(logits, targets, VOCAB) * w).sum().backward()
-    grad, out.grad = out.grad, None
-    (_reference(logits, targets, VOCAB)[0] * w).sum().backward()
-    torch.testing.assert_close(grad, out.grad)
-    # Only the entropy in the loss: its gradient alone.
-    out.grad = None
-    _, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
-    (entropy * w.clamp(-0.9, 0.9)).sum().backward()
-    grad, out.grad = out.grad, None
-    (_reference(logits, targets, VOCAB)[1] * w.clamp(-0.9, 0.9)).sum().backward()
-    torch.testing.assert_close(grad, out.grad)
-    padding = torch.full_like(targets, VOCAB + 2)
-    assert torch.all(token_logprobs(logits.detach(), padding, VOCAB) == float("-inf"))
+def test_the_compiled_chunks_equal_the_eager_ones_and_compile_once(monkeypatch):
+    """The CUDA path (the chunk functions under torch.compile) run by CPU inductor: the same
+    values and gradients as eager, and one graph per function for chunks of 4, 4, 3 positions,
+    another sequence length, a missing upstream gradient (dynamic shapes, zeros for None), and
+    logits that do not require grad (scoring without a backward)."""
+    torch._dynamo.reset()
+    model._compiled.cache_clear()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    results = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(model, "_COMPILED_DEVICES", frozenset({"cpu"} if compiled else ()))
+        for length in (12, 8):
+            out, logits, targets = _logits(torch.bfloat16, "[B, T, V]", length=length)
+            monkeypatch.setattr(model, "_CHUNK_ELEMENTS", _chunk_elements(logits))
+            for grads in ("both", "logp", "entropy"):
+                logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
+                results[compiled, length, grads] = logp, entropy, _grad(out, _loss(logp, entropy, grads))
+            with torch.no_grad():
+                assert torch.equal(token_logprobs(logits.detach(), targets, VOCAB), logp.detach())
+    assert model._compiled.cache_info().currsize == 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2
+    for (compiled, *key), (logp, entropy, grad) in results.items():
+        if compiled:
+            eager_logp, eager_entropy, eager_grad = results[False, *key]
+            torch.testing.assert_close(logp, eager_logp, rtol=0, atol=1e-5)
+            torch.testing.assert_close(entropy, eager_entropy, rtol=0, atol=1e-5)
+            assert torch.all(grad[..., VOCAB:] == 0)
+            torch.testing.assert_close(grad, eager_grad, rtol=2 ** -7, atol=1e-5)
 
 
 def test_rms_norm_runs_in_the_activation_dtype_with_its_weight_in_fp32():

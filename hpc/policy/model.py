@@ -123,7 +123,10 @@ def sdpa_attention_class() -> type:
     (a NaN there would reach the real tokens through their attention to it: 0 x NaN). Without
     a mask, a causal layer attends causally (the flash kernel) and an unmasked one everywhere.
     GQA: one-token queries (decoding) fold each group's query heads into rows against the
-    shared key/value head; longer ones repeat the key/value heads as DotProductAttention does.
+    shared key/value head; longer ones without a mask pass `enable_gqa` (the flash kernel reads
+    the shared heads in place), and with a mask repeat the key/value heads as
+    DotProductAttention does (only flash takes `enable_gqa`; the masked kernels would fall back
+    to the math one). `native_gqa = False` repeats them always (the benchmark's comparison).
     Softmax offsets, sliding windows and attention dropout fall back to DotProductAttention.
     """
     import torch.nn.functional as F
@@ -131,6 +134,8 @@ def sdpa_attention_class() -> type:
     from megatron.core.transformer.enums import AttnMaskType
 
     class SDPAttention(DotProductAttention):
+        native_gqa = True
+
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                     packed_seq_params=None):
             if (self.softmax_offset is not None or self.scale_mask_softmax.window_size is not None
@@ -163,10 +168,11 @@ def sdpa_attention_class() -> type:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
                 out = out.reshape(b, heads, 1, hn)
             else:
-                if groups > 1:
+                native = groups > 1 and bias is None and self.native_gqa
+                if groups > 1 and not native:
                     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal,
-                                                     scale=scale)
+                                                     scale=scale, enable_gqa=native)
             # [b, n, sq, hn] -> [sq, b, n * hn]
             return out.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
 
@@ -357,9 +363,15 @@ def staged_forward(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch
     return None
 
 
-# fp32 elements in one chunk of positions of `token_logprobs_and_entropy` (512 MiB; a few
-# chunk-sized temporaries are alive at once).
+# Elements (over the full, padded width) in one chunk of positions of `_LogprobsEntropy`. On
+# CUDA the compiled chunk kernels keep no [chunk, V] temporary, so there the size only sets the
+# launch count (a few kernels a chunk; 19 chunks for a 0.5B step of 8 x 2048 positions: nothing
+# next to the kernels' own time) and raising it gains nothing; the eager path (CPU) holds a few
+# fp32 temporaries of the chunk's size (512 MiB each), which this bounds.
 _CHUNK_ELEMENTS = 1 << 27
+
+# Devices whose chunks run through the torch.compile'd `_compiled` functions; elsewhere eagerly.
+_COMPILED_DEVICES = frozenset({"cuda"})
 
 
 def _position_chunks(logits: torch.Tensor) -> Iterator[slice]:
@@ -369,73 +381,108 @@ def _position_chunks(logits: torch.Tensor) -> Iterator[slice]:
         yield slice(start, start + step)
 
 
-def _chunk_logp(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    return torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
+def _forward_chunk(x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log p(target), logsumexp, entropy) in fp32 per position of real-vocabulary logits x
+    [..., V] of any dtype; a target >= V (in the padding) has log p = -inf. The entropy is
+    -sum(p log p), a sum of non-negative terms, where lse - sum(p x) would subtract two numbers
+    of the logits' size; and no elementwise term feeds two reductions, which inductor would
+    otherwise store (on CPU) rather than recompute."""
+    x = x.float()
+    lse = torch.logsumexp(x, dim=-1)
+    logp = x - lse.unsqueeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    real = targets < x.shape[-1]
+    picked = x.gather(-1, targets.clamp_max(x.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+    return torch.where(real, picked - lse, float("-inf")), lse, entropy
 
 
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    # Padding columns have log p = -inf and p = 0: clamped, they add 0 rather than 0 * -inf = NaN.
-    return -(logp.exp() * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)
+def _grad_chunk(x: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
+                grad_logp: torch.Tensor, grad_entropy: torch.Tensor) -> torch.Tensor:
+    """d(sum g_logp log p(t) + g_H H)/dx in x's dtype for real-vocabulary logits x [..., V]:
+    onehot(t) g_logp - p (g_logp + g_H (log p + H)), elementwise from the forward's lse and H.
+    The target term is a column-index compare rather than a scatter, so a compiled kernel
+    fuses it; a target in the padding matches no column."""
+    logp = x.float() - lse.unsqueeze(-1)
+    scale = grad_logp.unsqueeze(-1) + grad_entropy.unsqueeze(-1) * (logp + entropy.unsqueeze(-1))
+    hit = targets.unsqueeze(-1) == torch.arange(x.shape[-1], device=x.device)
+    grad = torch.where(hit, grad_logp.unsqueeze(-1), 0.0) - logp.exp() * scale
+    return grad.to(x.dtype)
+
+
+def _write_grad_chunk(out: torch.Tensor, *args: torch.Tensor) -> None:
+    """`_grad_chunk` stored into `out` (a view of the gradient): compiled, inductor writes the
+    kernel's result there rather than into a temporary it then copies."""
+    out.copy_(_grad_chunk(*args))
+
+
+@functools.cache
+def _compiled(fn: Any) -> Any:
+    """`fn` under torch.compile, built at its first use (importing dynamo costs seconds). With
+    dynamic=True the first compile has symbolic sizes: the last, shorter chunk and each new
+    batch size or sequence length reuse it, where static shapes would recompile for each (and
+    automatic dynamic once more); the kernels are bandwidth-bound looped reductions, which
+    static sizes would not make faster."""
+    return torch.compile(fn, dynamic=True)
 
 
 class _LogprobsEntropy(torch.autograd.Function):
-    """log p(target) (and the entropy) per position of logits [..., T, V], in fp32 a chunk of
-    positions at a time. It keeps only the logits for the backward, which recomputes each
-    chunk's softmax and writes the gradient in the logits' dtype: no [..., T, V] tensor in fp32,
-    forward or backward, where log_softmax under autograd would hold several."""
+    """log p(target) and the entropy per position of logits [..., T, W] over their first
+    `vocab_size` columns (the rest is padding, with gradient 0), in fp32 a chunk of positions at
+    a time. It saves the logits and the per-position logsumexp and entropy, so the backward is
+    elementwise (no reduction recomputed) and writes the gradient in the logits' dtype: no
+    [..., T, V] tensor in fp32, forward or backward. On CUDA each chunk's forward and backward
+    are torch.compile'd kernels that read the logits chunk (the forward's reductions in two or
+    three passes, the backward in one) and write only the [..., T] results or the gradient. The
+    compiled functions get detached logits: a `requires_grad` that differs between scoring and
+    training would otherwise be a guard that recompiles."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        compiled = logits.device.type in _COMPILED_DEVICES
+        chunk_fn = _compiled(_forward_chunk) if compiled else _forward_chunk
         logp = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
-        entropy = torch.empty_like(logp) if with_entropy else None
+        lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
+        x = logits.detach()
         for c in _position_chunks(logits):
-            chunk = _chunk_logp(logits[..., c, :], vocab_size)
-            logp[..., c] = chunk.gather(-1, targets[..., c, None]).squeeze(-1)
-            if with_entropy:
-                entropy[..., c] = _entropy(chunk)
+            logp[..., c], lse[..., c], entropy[..., c] = chunk_fn(x[..., c, :vocab_size], targets[..., c])
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(logits, targets, entropy)
-        ctx.vocab_size = vocab_size
-        return logp, entropy
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.vocab_size, ctx.compiled = vocab_size, compiled
+        return logp, entropy if with_entropy else None
 
     @staticmethod
     def backward(ctx: Any, grad_logp: torch.Tensor | None,
                  grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None, None]:
-        logits, targets, entropy = ctx.saved_tensors
+        x, targets, lse, entropy = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:
             return None, None, None, None
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for c in _position_chunks(logits):
-            logp = _chunk_logp(logits[..., c, :], ctx.vocab_size)
-            # d log p(t) / dx = onehot(t) - p;  dH / dx = -p (log p + H), which is 0 x inf = NaN
-            # at the masked columns (p = 0, log p = -inf): those are set to 0 below, as under
-            # mask_padded_vocab.
-            if grad_entropy is not None:
-                scale = (logp + entropy[..., c, None]).mul_(grad_entropy[..., c, None])
-                if grad_logp is not None:
-                    scale.add_(grad_logp[..., c, None])
-            else:
-                scale = grad_logp[..., c, None]
-            g = logp.exp_().mul_(scale).neg_()
-            if grad_logp is not None:
-                g.scatter_add_(-1, targets[..., c, None], grad_logp[..., c, None])
-            g[..., ctx.vocab_size:] = 0
-            grad[..., c, :] = g
+        # A missing upstream gradient is a zero one: one compiled function serves all three cases.
+        grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp
+        grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
+        write = _compiled(_write_grad_chunk) if ctx.compiled else _write_grad_chunk
+        v = ctx.vocab_size
+        grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        grad[..., v:] = 0
+        for c in _position_chunks(x):
+            write(grad[..., c, :v], x[..., c, :v], targets[..., c], lse[..., c], entropy[..., c],
+                  grad_logp[..., c], grad_entropy[..., c])
         return grad, None, None, None
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """log p(target) [..., T] under gathered logits [..., T, V] in fp32, padding columns masked
-    (computed a chunk of positions at a time: `token_logprobs_and_entropy`)."""
+    """log p(target) [..., T] in fp32 under gathered logits [..., T, V] over their first
+    `vocab_size` columns (a target in the padding gets -inf), a chunk of positions at a time:
+    `token_logprobs_and_entropy`."""
     return _LogprobsEntropy.apply(logits, targets, vocab_size, False)[0]
 
 
 def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
                                vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), entropy of the next-token distribution), both [..., T] in fp32, from
-    gathered logits [..., T, V] of any dtype, padding columns masked: the values and gradients
-    of log_softmax(mask_padded_vocab(logits.float())) without a [..., T, V] fp32 tensor."""
+    gathered logits [..., T, V] of any dtype over their first `vocab_size` columns: the values
+    and gradients of log_softmax(mask_padded_vocab(logits.float())) without a [..., T, V] fp32
+    tensor (on CUDA, fused compiled kernels a chunk of positions at a time)."""
     return _LogprobsEntropy.apply(logits, targets, vocab_size, True)
 
 
