@@ -10,8 +10,10 @@ GPU) for each combination of `--concurrency`, `--prestart`, `--bind` (Open MPI's
 (`sandbox.share_outputs`: on, correctness compares outputs in the reference's worker through CUDA
 IPC; off, outputs cross pipes to the harness), each on its own fresh candidate set, side by side
 in one run. The figure is
-candidates / wall time of the whole mpirun, startup included, and the stage totals say where
-the time went.
+candidates / wall time of the whole mpirun, startup included; beside it the steady rate,
+candidates / (last evaluation's end - first one's start) from the records, what a long-lived
+pool (an RL job's) sustains once started; and the stage totals say where the time went (with
+the device lock's waits and exclusive holds).
 
     python benchmarks/pool_throughput.py --backend cuda --only level1 --candidates 26 --concurrency 1,4 \
         --prestart 0,1 --bind none --share on,off
@@ -105,7 +107,7 @@ def main() -> None:
         print(f"baselines warmed: {len(tasks)} tasks in {wall:.0f} s", flush=True)
 
     print(f"{'concurrency':>11} {'prestart':>8} {'bind':>5} {'share':>5} {'candidates':>10} {'ok':>4} {'wall s':>8} "
-          f"{'per min':>8}  stage totals (s)", flush=True)
+          f"{'per min':>8} {'steady':>7}  stage totals (s)", flush=True)
     for c, pre, bind, share in settings:
         name = f"c{c}p{pre}{bind}s{share}"
         t_dir, c_dir = candidate_set(work / name, tasks, Path(args.solutions), args.candidates, f"{name}_")
@@ -115,11 +117,14 @@ def main() -> None:
         ok = sum(r.status == "ok" for r in records)
         totals = stage_seconds(records)
         rate = len(records) / wall * 60
+        span = max(r.timestamp + r.wall_seconds for r in records) - min(r.timestamp for r in records)
+        steady = len(records) / span * 60
         figures["runs"][name] = {"concurrency": c, "prestart": pre, "bind": bind, "share_outputs": share == "on",
                                  "wall_s": round(wall, 1),
                                  "evaluated": len(records), "ok": ok, "per_min": round(rate, 2),
+                                 "evaluating_s": round(span, 1), "steady_per_min": round(steady, 2),
                                  "stage_seconds": totals}
-        print(f"{c:>11} {pre:>8} {bind:>5} {share:>5} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f}  {totals}",
+        print(f"{c:>11} {pre:>8} {bind:>5} {share:>5} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f} {steady:7.2f}  {totals}",
               flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))

@@ -32,10 +32,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=1, help="re-runs of a request whose worker rank was lost")
     p.add_argument("--concurrency", type=int, default=None,
                    help="evaluations at once per worker rank (they share its device; timings take turns; "
-                        "default 4 on cuda, 1 on cpu)")
+                        "default 6 on cuda, 1 on cpu)")
     p.add_argument("--prestart", type=int, default=None,
                    help="evaluations whose worker processes start ahead, while others run "
-                        "(0: none; default half of --concurrency, at least 1, with 4 or more cores)")
+                        "(0: none; default one more than --concurrency, with 4 or more cores)")
     args = p.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         raise UserError(f"--concurrency: must be >= 1, got {args.concurrency}")

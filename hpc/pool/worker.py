@@ -72,9 +72,10 @@ def warn_if_one_core(rank: int) -> None:
 
 
 def default_concurrency(backend: str) -> int:
-    """Evaluations at once on one worker rank: on an H200, 4 at once evaluated 2x as many
-    candidates per minute as 1 (docs/benchmarks.md); a CPU backend's timing wants its cores."""
-    return 4 if backend == "cuda" else 1
+    """Evaluations at once on one worker rank: on an H200, 6 at once (with 7 started ahead)
+    evaluated 26.6 level-1 candidates a minute, 4 at once 18.2, 1 at once 6.2 (docs/benchmarks.md);
+    a CPU backend's timing wants its cores."""
+    return 6 if backend == "cuda" else 1
 
 
 def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, concurrency: int | None = None,

@@ -174,10 +174,14 @@ _active_lock = threading.Lock()
 
 
 def default_depth(at_once: int = 1) -> int:
-    """Spare pairs for `at_once` evaluations running together: half as many, at least one (on an
-    H200, 4 at once with 2 ahead evaluated 1.6x as many as with 1); none on a 2-3 core machine,
-    where a spare's start would only slow the evaluation it overlaps."""
-    return max(1, at_once // 2) if len(os.sched_getaffinity(0)) >= 4 else 0
+    """Spare pairs for `at_once` evaluations running together: one for a serial run, else one
+    more than run at once (a spare takes seconds to start, interpreter, torch and CUDA, while the
+    evaluations load the CPU; on an H200, 4 at once evaluated 7.4, 12.7 and 18.2 level-1
+    candidates a minute with 1, 2 and 3 ahead, 6 at once 26.6 with 7: docs/benchmarks.md);
+    none on a 2-3 core machine, where a spare's start would only slow the evaluation it overlaps."""
+    if len(os.sched_getaffinity(0)) < 4:
+        return 0
+    return at_once + 1 if at_once > 1 else 1
 
 
 @contextmanager
