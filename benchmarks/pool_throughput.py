@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--share", default="on", help="comma-separated sandbox.share_outputs settings (on, off)")
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     ap.add_argument("--keep", default="", help="keep the candidate sets, logs and HDF5 here")
-    ap.add_argument("--skip-warm", action="store_true", help="the baselines are cached already (carried cache)")
+    ap.add_argument("--skip-warm", action="store_true", help="the tasks' baselines and costs are cached already (carried cache)")
     args = ap.parse_args()
     shares = args.share.split(",")
     if not set(shares) <= {"on", "off"}:

@@ -17,7 +17,8 @@
 #         train       the trainer on the GPU at the 0.5B shape (configs/train/h200-smoke.yaml; needs megatron-core)
 #         policy      the megatron policy: training tokens/s and MFU, rollout tokens/s vs HF generate
 #                     (benchmarks/policy_speed.py at the 0.5b preset; POLICY_ARGS adds flags)
-# The baseline cache ($HPC_CACHE_DIR/baselines) goes back as cache.tgz, so a later call can carry it.
+# The per-task caches (eager and torch.compile baselines, FLOP and byte counts: $HPC_CACHE_DIR/baselines,
+# costs) go back as cache.tgz, so a later call can carry them.
 # A PYTHONPATH already set (packages installed with pip --target) stays after the checkout.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -58,4 +59,4 @@ for spec in "$@"; do
     tail -n 40 "$out/$stage.log"
     echo "=== $stage exit $rc $(date -u +%T)"
 done
-tar czf "$out/cache.tgz" -C "$HPC_CACHE_DIR" baselines 2>/dev/null || true
+tar czf "$out/cache.tgz" -C "$HPC_CACHE_DIR" $(cd "$HPC_CACHE_DIR" && ls -d baselines costs 2>/dev/null) 2>/dev/null || true

@@ -122,10 +122,10 @@ def test_what_the_static_decoder_refuses(parallel, monkeypatch):  # noqa: F811
         generate(Scripted([[65]], cfg.padded_vocab_size), cfg, TOK, [[65]], GREEDY, decoder="static")
     with pytest.raises(ValueError, match="decoder must be one of"):
         generate(net, cfg, TOK, PROMPTS, GREEDY, decoder="vllm")
-    monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_world_size", lambda: 2)
-    with pytest.raises(ValueError, match="StaticDecoder: needs tensor-parallel size 1"):
+    monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_world_size", lambda: 2)
+    with pytest.raises(ValueError, match="StaticDecoder: needs pipeline-parallel size 1"):
         StaticDecoder(net, cfg, 2, 16)
-    assert decode.unsupported(net).startswith("needs tensor-parallel size 1")
+    assert decode.unsupported(net) == "needs pipeline-parallel size 1"
 
 
 @pytest.mark.gpu

@@ -86,8 +86,9 @@ def _tp2_worker(work: Path) -> None:
                "logprobs": model.token_logprobs(gathered[:, :-1], tokens[:, 1:], cfg.vocab_size)}
         if family == "llama":
             tok = HFTokenizer(directory)
-            out["greedy"] = generate(net, cfg, tok, PROMPTS, GREEDY)
-            out["sampled"] = generate(net, cfg, tok, PROMPTS, SAMPLED)
+            for decoder in ("static", "megatron"):
+                out[f"greedy-{decoder}"] = generate(net, cfg, tok, PROMPTS, GREEDY, decoder=decoder)
+                out[f"sampled-{decoder}"] = generate(net, cfg, tok, PROMPTS, SAMPLED, decoder=decoder)
         return out
 
     def reshard():
@@ -267,11 +268,14 @@ def test_vocab_parallel_logprobs_equal_gathered(run, family):
     torch.testing.assert_close(r1["vp_logprobs"], r0["logprobs"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("decoder", ["static", "megatron"])
 @pytest.mark.parametrize("kind", ["greedy", "sampled"])
-def test_generation_under_tp2_equals_tp1(run, kind):
+def test_generation_under_tp2_equals_tp1(run, kind, decoder):
+    """Both decoders under TP=2 (the static one with each rank's share of the heads and cache)
+    sample what TP=1 samples."""
     _, ref, ranks = run
     r0, r1 = _result(ranks, "llama")
-    for tp1, a, b in zip(ref[kind], r0[kind], r1[kind]):
+    for tp1, a, b in zip(ref[kind], r0[f"{kind}-{decoder}"], r1[f"{kind}-{decoder}"]):
         assert a.tokens == b.tokens == tp1.tokens
         assert a.logprobs == b.logprobs
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(tp1.logprobs), atol=1e-5, rtol=1e-5)

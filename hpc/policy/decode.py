@@ -15,7 +15,9 @@ prompt block is columns 0..w-1, the token fed at step t column w+t. Rotary embed
 relative, so a left-padded row gives the logits of the unpadded row.
 
 Scope: the policy as `hpc.policy.model` builds it with megatron's local layer spec (core
-attention "local" or "sdpa"), on one tensor- and pipeline-parallel rank.
+attention "local" or "sdpa"), on one pipeline stage. Under tensor parallelism each rank holds
+its share of the heads and of the cache; the parallel linear layers, the vocabulary-parallel
+embedding and the output layer's gather do the communication, as in megatron's forward.
 """
 
 from __future__ import annotations
@@ -36,16 +38,15 @@ def unsupported(model: torch.nn.Module) -> str | None:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    if ps.get_tensor_model_parallel_world_size() != 1:
-        return "needs tensor-parallel size 1 (megatron's own loop serves TP > 1)"
     if ps.get_pipeline_model_parallel_world_size() != 1:
         return "needs pipeline-parallel size 1"
     if not isinstance(model, GPTModel):
         return f"needs a megatron GPTModel, got {type(model).__name__}"
     if not all(isinstance(layer.input_layernorm, ActivationDtypeRMSNorm) for layer in model.decoder.layers):
         return "needs megatron's local layer spec (not Transformer Engine's)"
-    if model.config.add_bias_linear or model.config.rotary_interleaved:
-        return "needs bias-free linear layers (but qkv) and non-interleaved rotary embeddings"
+    if model.config.add_bias_linear or model.config.rotary_interleaved or model.config.sequence_parallel:
+        return ("needs bias-free linear layers (but qkv), non-interleaved rotary embeddings and no "
+                "sequence parallelism")
     return None
 
 
@@ -71,7 +72,9 @@ class StaticDecoder:
         self.layers = list(model.decoder.layers)
         weight = model.embedding.word_embeddings.weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.heads, self.groups, self.head_dim = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
+        attention = self.layers[0].self_attention     # this rank's share of the heads under TP
+        self.heads, self.groups = attention.num_attention_heads_per_partition, attention.num_query_groups_per_partition
+        self.head_dim = cfg.kv_channels
         self.max_len = max_len
         # megatron's own rotary table for this length (the one its static inference uses), as
         # cos/sin in the activations' dtype: [max_len, head_dim].

@@ -4,12 +4,13 @@ Prompts are left-padded to a common length; one prefill pass fills the cache, th
 feeds one token per row. Padding keys are masked in every step, and rotary embeddings are
 relative, so a padded row samples exactly what it would alone.
 
-Two decoders compute the same forward. On one tensor-parallel rank (and megatron's local layer
-spec) it is `hpc.policy.decode.StaticDecoder`: the policy's own modules over a KV cache of
-fixed shape, so on CUDA the one-token step is captured once in a CUDA graph (after warm-up
-steps at a cache column no real step uses) and replayed per token, its token and position read
-from device tensors; the prefill runs eagerly. Elsewhere (tensor parallelism, Transformer
-Engine layers) it is megatron's own loop over StaticInferenceContext (its engines need CUDA),
+Two decoders compute the same forward. With megatron's local layer spec it is
+`hpc.policy.decode.StaticDecoder`: the policy's own modules over a KV cache of fixed shape, so
+on CUDA with one tensor-parallel rank the one-token step is captured once in a CUDA graph
+(after warm-up steps at a cache column no real step uses) and replayed per token, its token
+and position read from device tensors; the prefill runs eagerly, and so does the step under
+tensor parallelism (its all-reduces in a graph are not tried on GPUs yet). With Transformer
+Engine layers it is megatron's own loop over StaticInferenceContext (its engines need CUDA),
 whose per-layer Python bounds a step by kernel launches at small models and large batches.
 Sampling stays outside the graph, with its torch.Generator.
 
@@ -208,7 +209,7 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
     Collective over the tensor-parallel group: every TP rank calls it with the same prompts.
     `decoder`: "static" (`StaticDecoder`; refused where it cannot run), "megatron" (megatron's
     loop) or "auto" (static wherever it can run). `cuda_graphs`: replay the static decoder's
-    step as a CUDA graph (on CUDA only; off, the same step runs eagerly).
+    step as a CUDA graph (on CUDA with one TP rank only; off, the same step runs eagerly).
     """
     from megatron.core import parallel_state as ps
 
@@ -266,7 +267,9 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
     try:
         with torch.no_grad():
             if static:
-                forward = _StaticForward(model, cfg, tokens, pad, width, cuda_graphs and device.type == "cuda")
+                # Under TP a step's all-reduces would be captured too: not tried on GPUs yet, so eager.
+                graphs = cuda_graphs and device.type == "cuda" and tp_size == 1
+                forward = _StaticForward(model, cfg, tokens, pad, width, graphs)
             else:
                 forward = _megatron_forward(model, tokens, pad, width)
             for step in range(params.max_new_tokens):
