@@ -86,7 +86,8 @@ def main() -> None:
     ap.add_argument("--share", default="on", help="comma-separated sandbox.share_outputs settings (on, off)")
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     ap.add_argument("--keep", default="", help="keep the candidate sets, logs and HDF5 here")
-    ap.add_argument("--skip-warm", action="store_true", help="the tasks' baselines and costs are cached already (carried cache)")
+    ap.add_argument("--skip-warm", action="store_true",
+                    help="the tasks' baselines and costs are cached already (carried cache)")
     args = ap.parse_args()
     shares = args.share.split(",")
     if not set(shares) <= {"on", "off"}:
@@ -124,8 +125,8 @@ def main() -> None:
                                  "evaluated": len(records), "ok": ok, "per_min": round(rate, 2),
                                  "evaluating_s": round(span, 1), "steady_per_min": round(steady, 2),
                                  "stage_seconds": totals}
-        print(f"{c:>11} {pre:>8} {bind:>5} {share:>5} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f} {steady:7.2f}  {totals}",
-              flush=True)
+        print(f"{c:>11} {pre:>8} {bind:>5} {share:>5} {len(records):>10} {ok:>4} {wall:8.1f} {rate:8.2f} "
+              f"{steady:7.2f}  {totals}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=1))
     if not args.keep:
