@@ -2,26 +2,31 @@
 rollout tokens/s of `hpc.policy.generate` against HF transformers' `generate` on the same shape.
 
     python benchmarks/policy_speed.py --device cuda --preset 0.5b --out policy.json
+    python benchmarks/policy_speed.py --device cuda --preset 1b --skip-gen --out policy-1b.json
     python benchmarks/policy_speed.py --device cpu --preset tiny --train-steps 2 --warmup 1 \
         --micro-batch 2 --seq 64 --gen-batch 4 --prompt-len 16 --new-tokens 8    # the code paths
 
 Training (random init, one synthetic batch of `--micro-batch` x `--seq` tokens without padding,
 AdamW as `hpc.rl.trainer` builds it, lr 1e-5, no weight decay): the loss is policy-gradient-like,
 -mean(log p(next token) x advantage) with random N(0, 1) advantages, the log-probs (and the
-entropy, the update's metric) computed as `hpc.rl.update` does (`token_logprobs_and_entropy`:
-fp32 a chunk of positions at a time); `--loss ce` drops the advantages and the entropy (plain
-next-token cross-entropy, as `hpc.rl.supervised.sft_step`). `--warmup` steps, then
+entropy, the update's metric) computed as `hpc.rl.update` does (`sequence_logprobs`: on one
+device the LM head fused into the fp32 log-probs a chunk of positions at a time, the logits
+never materialized); `--loss ce` drops the advantages and the entropy (plain next-token
+cross-entropy, as `hpc.rl.supervised.sft_step`). `--warmup` steps, then
 `--train-steps` timed between synchronizations, then (on the GPU) `--profile-steps` under
 torch.profiler, whose kernels are grouped (GEMM, attention, softmax / loss, optimizer, ...) to
 show what limits MFU. Variants (`--train-variants`):
 
-    sdpa           torch SDPA core attention, the forward the trainer runs (`forward_logits` with
+    sdpa           torch SDPA core attention, the step the trainer runs (`sequence_logprobs` with
                    the batch's padding mask: a right-padded batch gets no explicit mask, so the
-                   causal flash kernel), megatron's torch.compile'd fusions on: the default
+                   causal flash kernel; the fused LM head), megatron's torch.compile'd fusions
+                   on: the default
+    sdpa-logits    sdpa with the logits materialized: `forward_logits`, then
+                   `token_logprobs_and_entropy` on them (the step before the fused LM head)
     sdpa-repeat-kv sdpa with GQA's key/value heads repeated to the query heads (the copies
                    `enable_gqa` saves)
-    sdpa-explicit-mask  sdpa with the explicit [b, 1, s, s] mask (`attention_mask`) the trainer
-                   passed before (memory-efficient kernel): what left padding still needs
+    sdpa-explicit-mask  sdpa-logits with the explicit [b, 1, s, s] mask (`attention_mask`) the
+                   trainer passed before (memory-efficient kernel): what left padding still needs
     sdpa-nofusion  sdpa with megatron's fusions off
     local          megatron's own DotProductAttention (scores materialized, unfused softmax)
     sdpa-compile   sdpa with every transformer layer torch.compile'd (opt-in)
@@ -33,6 +38,8 @@ Model FLOPs per token (PaLM appendix B's convention; causal masking not discount
 N_nonembed: parameters other than the embedding; V * h: the output projection (tied to the
 embedding here, but a matmul every token). MFU = F * tokens/s / peak (`--peak-tflops`, H200
 bf16 dense 989). `mfu_excl_lm_head` drops the V * h term (6 * N_nonembed + the attention term).
+The fused LM head's backward recomputes the logits (2 * V * h more per token), not counted, as
+no recomputation is.
 
 Rollout: `--gen-batch` prompts of `--prompt-len` random tokens, `--new-tokens` sampled at
 temperature 1 (top-p 1, no stop token or string), so every row yields exactly `--new-tokens`.
@@ -70,21 +77,23 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 
 from hpc.hardware import device_name, versions  # noqa: E402
-from hpc.policy.config import PolicyModelConfig, policy_config  # noqa: E402
+from hpc.policy.config import PRESETS, PolicyModelConfig, policy_config  # noqa: E402
 from hpc.policy.tokenizer import ByteTokenizer  # noqa: E402
 
 H200_BF16_DENSE_TFLOPS = 989.0
 
-# name -> (policy.attention, policy.fusions, attention mask: "trainer" (`forward_logits` with the
+# name -> (policy.attention, policy.fusions, attention mask: "trainer" (`forward_mask` of the
 # padding mask) | "explicit" (`attention_mask`), compile layers, GQA's key/value heads read in
-# place by the flash kernel (False: repeated, as before `enable_gqa`))
+# place by the flash kernel (False: repeated, as before `enable_gqa`), LM head: "fused"
+# (`sequence_logprobs`) | "logits" (materialized, then `token_logprobs_and_entropy`))
 VARIANTS = {
-    "sdpa": ("sdpa", "auto", "trainer", False, True),
-    "sdpa-repeat-kv": ("sdpa", "auto", "trainer", False, False),
-    "sdpa-explicit-mask": ("sdpa", "auto", "explicit", False, True),
-    "sdpa-nofusion": ("sdpa", "off", "trainer", False, True),
-    "local": ("local", "auto", "trainer", False, True),
-    "sdpa-compile": ("sdpa", "auto", "trainer", True, True),
+    "sdpa": ("sdpa", "auto", "trainer", False, True, "fused"),
+    "sdpa-logits": ("sdpa", "auto", "trainer", False, True, "logits"),
+    "sdpa-repeat-kv": ("sdpa", "auto", "trainer", False, False, "fused"),
+    "sdpa-explicit-mask": ("sdpa", "auto", "explicit", False, True, "logits"),
+    "sdpa-nofusion": ("sdpa", "off", "trainer", False, True, "fused"),
+    "local": ("local", "auto", "trainer", False, True, "fused"),
+    "sdpa-compile": ("sdpa", "auto", "trainer", True, True, "fused"),
 }
 
 # Kernel-name substrings -> category, first match wins (attention before GEMM: fmha kernels are
@@ -207,9 +216,9 @@ def _profile(step, steps: int, device: torch.device) -> dict:
 
 def train_variant(name: str, args: argparse.Namespace, device: torch.device, profile_steps: int) -> dict:
     from hpc.policy.model import (attention_mask, build_policy, count_parameters, forward_logits, position_ids,
-                                  token_logprobs, token_logprobs_and_entropy)
+                                  sequence_logprobs, token_logprobs, token_logprobs_and_entropy)
 
-    attention, fusions, mask, compile_layers, native_gqa = VARIANTS[name]
+    attention, fusions, mask, compile_layers, native_gqa, head = VARIANTS[name]
     cfg = model_config(args, attention=attention, fusions=fusions)
     torch.manual_seed(args.seed)
     model = build_policy(cfg)
@@ -229,17 +238,21 @@ def train_variant(name: str, args: argparse.Namespace, device: torch.device, pro
     pad = torch.zeros(b, s, dtype=torch.bool, device=device)
     positions = position_ids(tokens)
 
-    def step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
+    def logprobs() -> torch.Tensor:
+        if head == "fused":
+            return sequence_logprobs(model, tokens, pad, cfg.vocab_size, entropy=args.loss == "pg")[0]
         if mask == "explicit":
             logits = model(tokens, positions, attention_mask(pad))[:, :-1]
         else:
             logits = forward_logits(model, tokens, pad)[:, :-1]
         if args.loss == "pg":
-            logp, _ = token_logprobs_and_entropy(logits, tokens[:, 1:], cfg.vocab_size)
-            loss = -(logp * advantages).mean()
-        else:
-            loss = -token_logprobs(logits, tokens[:, 1:], cfg.vocab_size).mean()
+            return token_logprobs_and_entropy(logits, tokens[:, 1:], cfg.vocab_size)[0]
+        return token_logprobs(logits, tokens[:, 1:], cfg.vocab_size)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        logp = logprobs()
+        loss = -(logp * advantages).mean() if args.loss == "pg" else -logp.mean()
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -261,7 +274,7 @@ def train_variant(name: str, args: argparse.Namespace, device: torch.device, pro
     tps = b * s * args.train_steps / elapsed
     peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
     out = {
-        "attention": attention, "fusions": cfg.fusions_on(device.type == "cuda"), "mask": mask,
+        "attention": attention, "fusions": cfg.fusions_on(device.type == "cuda"), "mask": mask, "lm_head": head,
         "compiled_layers": compile_layers, "native_gqa": native_gqa, "micro_batch": b, "seq": s,
         "steps": args.train_steps,
         "warmup_steps": args.warmup, "warmup_s": round(warmup_s, 2),
@@ -482,14 +495,14 @@ def run_rollout(args: argparse.Namespace, device: torch.device, figures: dict) -
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--preset", choices=("0.5b", "tiny"), default="0.5b")
+    ap.add_argument("--preset", choices=tuple(PRESETS), default="0.5b")
     ap.add_argument("--train-steps", type=int, default=10, help="timed training steps (default 10)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed training steps first (default 3)")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--loss", choices=("pg", "ce"), default="pg",
                     help="pg: -mean(logp * random advantages) (default); ce: plain cross-entropy")
-    ap.add_argument("--train-variants", default="sdpa,sdpa-explicit-mask,sdpa-nofusion,local",
+    ap.add_argument("--train-variants", default="sdpa,sdpa-logits,sdpa-explicit-mask,sdpa-nofusion,local",
                     help=f"comma list of {', '.join(VARIANTS)} (default: all but the compiled one)")
     ap.add_argument("--profile-steps", type=int, default=None,
                     help="steps of the first variant under torch.profiler (default 2 on cuda, 1 on cpu; 0: none)")

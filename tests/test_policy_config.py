@@ -31,6 +31,16 @@ def test_half_billion_preset_has_qwen25_05b_shape():
     assert 0.45e9 < cfg.num_layers * per_layer + v * h + h < 0.55e9
 
 
+def test_one_billion_preset_has_llama32_1b_shape():
+    cfg = policy_config({"preset": "1b"})
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups) == (16, 2048, 32, 8)
+    assert cfg.padded_vocab_size == 128256 and not cfg.qkv_bias and cfg.tie_embeddings
+    assert cfg.rope_scaling_factor == 32.0 and cfg.rope_base == 500000.0
+    h, f, v, kv = cfg.hidden_size, cfg.ffn_hidden_size, cfg.padded_vocab_size, cfg.num_query_groups * cfg.kv_channels
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * f + 2 * h
+    assert 1.2e9 < cfg.num_layers * per_layer + v * h + h < 1.3e9
+
+
 def test_yaml_preset_with_overrides(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text("preset: 0.5b\nnum_layers: 12\nparallel:\n  tensor: 2\n  pipeline: 2\n")

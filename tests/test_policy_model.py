@@ -1,8 +1,9 @@
 """The policy's training-step paths: log-probs and entropy computed a chunk of positions at a time
 over the real vocabulary columns equal the full fp32 log-softmax (values and gradients), and their
-compiled chunk kernels equal the eager ones; a right-padded batch runs without an explicit mask
-and gives the same logits at its real positions, and the RMSNorms run in the activations' dtype
-while their weights stay fp32."""
+compiled chunk kernels equal the eager ones; the LM head fused into them (`sequence_logprobs`)
+gives the values and parameter gradients of the materialized logits; a right-padded batch runs
+without an explicit mask and gives the same logits at its real positions, and the RMSNorms run in
+the activations' dtype while their weights stay fp32."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def test_logprobs_and_entropy_equal_the_full_log_softmax(dtype, shape, chunked, 
     out, logits, targets = _logits(dtype, shape)
     if chunked:
         monkeypatch.setattr(model, "_CHUNK_ELEMENTS", _chunk_elements(logits))
-    assert [len(range(11)[c]) for c in model._position_chunks(logits)] == ([4, 4, 3] if chunked else [11])
+    assert [len(range(11)[c]) for c in model._position_chunks(11, logits[..., 0, :].numel())] == \
+        ([4, 4, 3] if chunked else [11])
 
     logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
     grad = _grad(out, _loss(logp, entropy, grads))
@@ -95,7 +97,15 @@ def test_logprobs_and_entropy_equal_the_full_log_softmax(dtype, shape, chunked, 
         torch.testing.assert_close(_grad(out, _loss(alone, entropy.detach(), "logp")), grad, rtol=0, atol=0)
 
 
-def test_the_compiled_chunks_equal_the_eager_ones_and_compile_once(monkeypatch):
+@pytest.fixture
+def no_recompile():
+    """Recompiles raise, through dynamo's own config patch: pytest's monkeypatch, undone, deletes
+    the key from dynamo's config module (and a later test's monkeypatch then fails)."""
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
+
+
+def test_the_compiled_chunks_equal_the_eager_ones_and_compile_once(monkeypatch, no_recompile):
     """The CUDA path (the chunk functions under torch.compile) run by CPU inductor: the same
     values and gradients as eager, and one graph per function for chunks of 4, 4, 3 positions,
     another sequence length, a missing upstream gradient (dynamic shapes, zeros for None), and
@@ -103,7 +113,6 @@ def test_the_compiled_chunks_equal_the_eager_ones_and_compile_once(monkeypatch):
     torch._dynamo.reset()
     model._compiled.cache_clear()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     results = {}
     for compiled in (False, True):
         monkeypatch.setattr(model, "_COMPILED_DEVICES", frozenset({"cpu"} if compiled else ()))
@@ -124,6 +133,89 @@ def test_the_compiled_chunks_equal_the_eager_ones_and_compile_once(monkeypatch):
             torch.testing.assert_close(entropy, eager_entropy, rtol=0, atol=1e-5)
             assert torch.all(grad[..., VOCAB:] == 0)
             torch.testing.assert_close(grad, eager_grad, rtol=2 ** -7, atol=1e-5)
+
+
+def _head_inputs(dtype: torch.dtype, length: int = 12, batch: int = 3, hidden: int = 8, seed: int = 2):
+    """(hidden states [T, B, h] of `length` positions, a weight [WIDTH, h] with 7 padding rows,
+    targets [B, T] with some in the padding), the first two leaves that require grad."""
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(length - 1, batch, hidden, generator=g).to(dtype).requires_grad_()
+    weight = torch.randn(WIDTH, hidden, generator=g).to(dtype).requires_grad_()
+    targets = torch.randint(0, VOCAB, (batch, length - 1), generator=g)
+    targets[..., 2] = VOCAB + 2
+    return states, weight, targets
+
+
+def _fused_and_materialized(states, weight, targets, grads: str):
+    """((log p, H), (d hidden, d weight)) of the fused head, then the same of its logits
+    materialized ([B, T, W], as GPTModel returns them) and fed to `token_logprobs_and_entropy`."""
+    out = []
+    for fused in (True, False):
+        if fused:
+            logp, entropy = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, True)
+        else:
+            logits = (states @ weight.t()).transpose(0, 1)
+            logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
+        out.append(((logp, entropy), torch.autograd.grad(_loss(logp, entropy, grads), (states, weight))))
+    return out
+
+
+@pytest.mark.parametrize("grads", ["both", "logp", "entropy"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "chunks of 4, 4, 3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_head_equals_its_materialized_logits(dtype, chunked, grads, monkeypatch):
+    states, weight, targets = _head_inputs(dtype)
+    if chunked:
+        monkeypatch.setattr(model, "_CHUNK_ELEMENTS", CHUNK * 3 * VOCAB)
+    lengths = [len(range(11)[c]) for c in model._position_chunks(11, 3 * VOCAB)]
+    assert lengths == ([4, 4, 3] if chunked else [11])
+    seen = []
+    forward_chunk = model._forward_chunk
+    monkeypatch.setattr(model, "_forward_chunk", lambda x, t: seen.append(x.shape) or forward_chunk(x, t))
+    (values, (d_states, d_weight)), (ref_values, (ref_states, ref_weight)) = \
+        _fused_and_materialized(states, weight, targets, grads)
+    assert seen[:len(lengths)] == [(n, 3, VOCAB) for n in lengths]     # the fused chunks: real columns only
+
+    assert all(v.dtype == torch.float32 and v.shape == targets.shape for v in values)
+    assert torch.all(values[0][..., 2] == float("-inf"))
+    for v, ref in zip(values, ref_values):
+        torch.testing.assert_close(v, ref, rtol=0, atol=1e-5)
+    assert d_states.dtype == d_weight.dtype == dtype
+    assert torch.all(d_weight[VOCAB:] == 0) and d_weight[:VOCAB].abs().min() > 0
+    if dtype == torch.float32:
+        torch.testing.assert_close(d_states, ref_states, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(d_weight, ref_weight, rtol=1e-5, atol=1e-5)
+    else:   # the same bf16 logit gradients; the weight's summed over chunks in bf16
+        torch.testing.assert_close(d_states, ref_states, rtol=2 ** -7, atol=1e-2)
+        torch.testing.assert_close(d_weight, ref_weight, rtol=2 ** -6, atol=3e-2)
+
+
+def test_the_fused_head_compiles_once_and_equals_eager(monkeypatch, no_recompile):
+    """The fused head's CUDA path (its chunk functions under torch.compile) run by CPU inductor:
+    the eager values and gradients, one graph per function over chunks of 4, 4, 3 positions,
+    another sequence length, a missing upstream gradient and a forward without a backward."""
+    torch._dynamo.reset()
+    model._compiled.cache_clear()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    monkeypatch.setattr(model, "_CHUNK_ELEMENTS", CHUNK * 3 * VOCAB)
+    results = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(model, "_COMPILED_DEVICES", frozenset({"cpu"} if compiled else ()))
+        for length in (12, 8):
+            states, weight, targets = _head_inputs(torch.bfloat16, length=length)
+            for grads in ("both", "logp", "entropy"):
+                logp, entropy = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, True)
+                results[compiled, length, grads] = (logp, entropy, *torch.autograd.grad(
+                    _loss(logp, entropy, grads), (states, weight)))
+            with torch.no_grad():
+                logp_only, none = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, False)
+            assert none is None and torch.equal(logp_only, logp.detach())
+    assert model._compiled.cache_info().currsize == 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2
+    for (compiled, *key), got in results.items():
+        if compiled:
+            for value, eager in zip(got, results[False, *key]):
+                torch.testing.assert_close(value, eager, rtol=2 ** -7, atol=1e-5)
 
 
 def test_rms_norm_runs_in_the_activation_dtype_with_its_weight_in_fp32():
@@ -206,3 +298,120 @@ def test_a_right_padded_batch_needs_no_explicit_mask(parallel, attention):
     else:                        # torch's causal kernel against the masked one
         torch.testing.assert_close(causal[real], explicit[real], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(causal[pad], explicit[pad])    # the padding positions' own outputs differ
+
+
+def _policy(tie: bool):
+    from hpc.policy.config import policy_config
+
+    cfg = policy_config({"max_seq_len": 32, "tie_embeddings": tie})
+    torch.manual_seed(0)
+    net = model.build_policy(cfg)
+    with torch.no_grad():
+        for p in net.parameters():   # wider than the default init: logits of a few units
+            p.normal_(0, 0.3)
+    assert cfg.vocab_size < cfg.padded_vocab_size
+    return cfg, net
+
+
+def _batch(cfg, padding: str):
+    """Tokens [3, 16] (row 1's last one in the vocabulary's padding: a target scored -inf) and
+    the pad mask, right- or left-padded."""
+    tokens = torch.randint(0, cfg.vocab_size, (3, 16), generator=torch.Generator().manual_seed(3))
+    tokens[1, -1] = cfg.vocab_size + 1
+    pad = torch.zeros_like(tokens, dtype=torch.bool)
+    pad[0, 9:] = pad[2, 4:] = True
+    return tokens, pad if padding == "right" else pad.flip(1)
+
+
+class _Calls:
+    """Counts the calls of a module's forward."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        module.register_forward_hook(lambda *_: setattr(self, "count", self.count + 1))
+
+
+@pytest.mark.parametrize("entropy", [True, False], ids=["entropy", "no entropy"])
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_sequence_logprobs_equal_the_materialized_logits_path(parallel, tie, padding, entropy, monkeypatch):
+    """The fused LM head against `forward_logits` + `token_logprobs(_and_entropy)`: the same
+    log-probs, entropy and gradient of every parameter (the tied embedding's, or the embedding's
+    and the output layer's), over several chunks and the padded vocabulary; the output layer
+    never runs."""
+    cfg, net = _policy(tie)
+    tokens, pad = _batch(cfg, padding)
+    monkeypatch.setattr(model, "_CHUNK_ELEMENTS", 4 * 3 * cfg.vocab_size)      # 15 positions: 4, 4, 4, 3
+    seen = []
+    write = model._write_grad_chunk
+    monkeypatch.setattr(model, "_write_grad_chunk", lambda out, *a: seen.append(out.shape[0]) or write(out, *a))
+    head = _Calls(net.output_layer)
+    grads = "both" if entropy else "logp"
+    results = []
+    for fused in (True, False):
+        net.zero_grad(set_to_none=True)
+        if fused:
+            logp, ent = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, entropy)
+            assert head.count == 0 and net.post_process and seen == []
+        else:
+            logits = model.forward_logits(net, tokens, pad)[:, :-1]
+            if entropy:
+                logp, ent = token_logprobs_and_entropy(logits, tokens[:, 1:], cfg.vocab_size)
+            else:
+                logp, ent = token_logprobs(logits, tokens[:, 1:], cfg.vocab_size), None
+        assert (ent is None) != entropy
+        _loss(logp, ent, grads).backward()
+        if fused:
+            assert seen == [4, 4, 4, 3] and head.count == 0
+        results.append((logp, ent, {name: p.grad for name, p in net.named_parameters()}))
+    (logp, ent, grads), (ref_logp, ref_ent, ref_grads) = results
+
+    assert logp.shape == (3, 15) and logp[1, -1] == float("-inf") and torch.isfinite(logp[:, :-1]).all()
+    torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-5)
+    if entropy:
+        torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    assert grads.keys() == ref_grads.keys() and all(g is not None for g in grads.values())
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-6 * float(ref_grads[name].abs().max()),
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    out = "embedding.word_embeddings.weight" if tie else "output_layer.weight"
+    assert torch.all(grads[out][cfg.vocab_size:] == 0) and grads[out][:cfg.vocab_size].abs().sum() > 0
+    with torch.no_grad():      # scoring (the reference policy): the same values without a graph
+        scored, none = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, False)
+    assert none is None and torch.equal(scored, logp.detach())
+
+
+def test_hidden_states_are_what_the_output_layer_reads_and_restore_post_process(parallel, monkeypatch):
+    cfg, net = _policy(tie=True)
+    tokens, pad = _batch(cfg, "left")
+    with torch.no_grad():
+        hidden = model.hidden_states(net, tokens, pad)
+        logits = model.forward_logits(net, tokens, pad)
+    assert hidden.shape == (16, 3, cfg.hidden_size) and net.post_process
+    torch.testing.assert_close((hidden @ net.shared_embedding_or_output_weight().t()).transpose(0, 1), logits)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("decoder failed")
+
+    monkeypatch.setattr(net.decoder, "forward", fail)
+    with pytest.raises(RuntimeError, match="decoder failed"):
+        model.hidden_states(net, tokens, pad)
+    assert net.post_process is True
+
+
+def test_sequence_logprobs_materialize_the_logits_under_tensor_parallelism(parallel, monkeypatch):
+    """With TP > 1 (the logits' vocabulary split over ranks) the fused head does not apply: the
+    output layer runs and `token_logprobs_and_entropy` reads its gathered logits."""
+    from megatron.core import parallel_state
+
+    cfg, net = _policy(tie=True)
+    tokens, pad = _batch(cfg, "right")
+    head = _Calls(net.output_layer)
+    with torch.no_grad():
+        fused = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True)
+        assert head.count == 0
+        monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_world_size", lambda *a, **k: 2)
+        materialized = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True)
+    assert head.count == 1
+    for a, b in zip(fused, materialized):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

@@ -3,7 +3,7 @@
 A plain dataclass with no torch or megatron import, so configs can be loaded, validated and
 printed anywhere. Loaded from a dict or YAML with the same rules as the evaluation config:
 unknown keys and wrong types are errors that name the key (`policy.hidden_size: expected int`).
-A `preset` key picks the starting point (`tiny` for CPU, `0.5b` for the GPU); other keys
+A `preset` key picks the starting point (`tiny` for CPU, `0.5b` or `1b` for the GPU); other keys
 override it.
 """
 
@@ -127,12 +127,16 @@ class PolicyModelConfig:
                             f"the world size {world_size}")
 
 
-# Starting points for `preset:`. `0.5b` has Qwen2.5-0.5B's shape, so that checkpoint imports into it.
+# Starting points for `preset:`. `0.5b` has Qwen2.5-0.5B's shape and `1b` Llama-3.2-1B's (1.24B
+# parameters, hidden 2048), so those checkpoints import into them.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},
     "0.5b": dict(num_layers=24, hidden_size=896, num_attention_heads=14, num_query_groups=2,
                  ffn_hidden_size=4864, vocab_size=151936, max_seq_len=32768, rope_base=1000000.0,
                  qkv_bias=True, tie_embeddings=True, dtype="bf16"),
+    "1b": dict(num_layers=16, hidden_size=2048, num_attention_heads=32, num_query_groups=8,
+               ffn_hidden_size=8192, vocab_size=128256, max_seq_len=131072, rope_base=500000.0,
+               rope_scaling_factor=32.0, norm_eps=1e-5, qkv_bias=False, tie_embeddings=True, dtype="bf16"),
 }
 
 

@@ -18,6 +18,7 @@ embedding and are masked out of every probability computed here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 from collections.abc import Iterator
@@ -363,21 +364,53 @@ def staged_forward(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch
     return None
 
 
+@contextlib.contextmanager
+def _without_output_layer(model: GPTModel) -> Iterator[None]:
+    """`model.post_process` False for the block, restored after it even when it raises.
+    GPTModel's forward reads the flag only to return the decoder's output before its output
+    layer (and loss); the decoder's final norm is built at construction (TransformerBlock's own
+    `post_process`) and runs whatever the flag."""
+    saved = model.post_process
+    model.post_process = False
+    try:
+        yield
+    finally:
+        model.post_process = saved
+
+
+def hidden_states(model: GPTModel, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[seq, batch, hidden] final hidden states (after the final norm) of a single-stage policy,
+    megatron's sequence-first layout: what its output layer would multiply into the logits.
+    The policy's own forward (`staged_forward`: the positions and mask of `forward_logits`)
+    stopped before the output layer, so that `sequence_logprobs` can apply the LM head a chunk of
+    positions at a time."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() != 1:
+        raise ValueError("hidden_states needs a single pipeline stage")
+    with _without_output_layer(model):
+        return staged_forward(model, tokens, pad_mask)
+
+
 # Elements (over the full, padded width) in one chunk of positions of `_LogprobsEntropy`. On
 # CUDA the compiled chunk kernels keep no [chunk, V] temporary, so there the size only sets the
 # launch count (a few kernels a chunk; 19 chunks for a 0.5B step of 8 x 2048 positions: nothing
 # next to the kernels' own time) and raising it gains nothing; the eager path (CPU) holds a few
-# fp32 temporaries of the chunk's size (512 MiB each), which this bounds.
+# fp32 temporaries of the chunk's size (512 MiB each), which this bounds. `_LinearLogprobsEntropy`
+# counts the real columns (the logits it multiplies) and holds a chunk's logits and, backward,
+# their gradient (256 MiB each in bf16); its weight-gradient GEMM sums over a chunk's rows (about
+# 900 at the 0.5B's 8 x 2048), and its weight gradient is rounded once a chunk.
 _CHUNK_ELEMENTS = 1 << 27
 
 # Devices whose chunks run through the torch.compile'd `_compiled` functions; elsewhere eagerly.
 _COMPILED_DEVICES = frozenset({"cuda"})
 
 
-def _position_chunks(logits: torch.Tensor) -> Iterator[slice]:
-    per_position = logits[..., 0, :].numel()
+def _position_chunks(positions: int, per_position: int) -> Iterator[slice]:
+    """Slices of `positions` positions, each of at most `_CHUNK_ELEMENTS` elements of the logits
+    when a position has `per_position` of them (at least one position a chunk)."""
     step = max(1, _CHUNK_ELEMENTS // per_position)
-    for start in range(0, logits.shape[-2], step):
+    for start in range(0, positions, step):
         yield slice(start, start + step)
 
 
@@ -444,7 +477,7 @@ class _LogprobsEntropy(torch.autograd.Function):
         logp = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
         lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
         x = logits.detach()
-        for c in _position_chunks(logits):
+        for c in _position_chunks(logits.shape[-2], logits[..., 0, :].numel()):
             logp[..., c], lse[..., c], entropy[..., c] = chunk_fn(x[..., c, :vocab_size], targets[..., c])
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(logits, targets, lse, entropy)
@@ -464,10 +497,68 @@ class _LogprobsEntropy(torch.autograd.Function):
         v = ctx.vocab_size
         grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         grad[..., v:] = 0
-        for c in _position_chunks(x):
+        for c in _position_chunks(x.shape[-2], x[..., 0, :].numel()):
             write(grad[..., c, :v], x[..., c, :v], targets[..., c], lse[..., c], entropy[..., c],
                   grad_logp[..., c], grad_entropy[..., c])
         return grad, None, None, None
+
+
+class _LinearLogprobsEntropy(torch.autograd.Function):
+    """`_LogprobsEntropy` of the logits hidden @ weight[:vocab_size].T, the LM head fused in:
+    hidden [T, B, h] (megatron's sequence-first layout), weight [W, h] (the output layer's or
+    the tied embedding's, W >= vocab_size padded rows), targets and the results [B, T]. Each
+    chunk of positions multiplies its [chunk, B, V] logits in the activations' dtype (as
+    megatron's output layer: no bias) and reduces them with `_forward_chunk`; the backward
+    recomputes them (one more GEMM a chunk) and turns `_write_grad_chunk`'s gradient into those
+    of the hidden states and the weight. So no [B, T, V] tensor exists in either pass, nor its
+    transposed and sliced copies, nor the logits' gradient that the output layer's backward
+    reads: a chunk's logits and their gradient, at most `_CHUNK_ELEMENTS` each.
+
+    The weight's gradient accumulates over the chunks in the weight's dtype (`addmm_`: each
+    chunk's product summed in fp32 inside the GEMM, the running sum rounded once a chunk). Where
+    megatron's output layer rounds one product to bf16, this rounds once per chunk (19 for the
+    0.5B's 8 x 2048 step): a few bf16 ulps, small next to the rounding of the bf16 parameters'
+    own update (the trainer's AdamW keeps no fp32 master copy), while an fp32 accumulator would
+    add an fp32 [V, h] read-modify-write per chunk (about 1 GB of traffic each at the 0.5B's
+    vocabulary). The padded rows of the weight get a zero gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        compiled = hidden.device.type in _COMPILED_DEVICES
+        chunk_fn = _compiled(_forward_chunk) if compiled else _forward_chunk
+        head = weight[:vocab_size]
+        targets = targets.t().contiguous()
+        logp = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
+        lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
+        for c in _position_chunks(hidden.shape[0], hidden.shape[1] * vocab_size):
+            logp[c], lse[c], entropy[c] = chunk_fn(hidden[c] @ head.t(), targets[c])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.vocab_size, ctx.compiled = vocab_size, compiled
+        return logp.t().contiguous(), entropy.t().contiguous() if with_entropy else None
+
+    @staticmethod
+    def backward(ctx: Any, grad_logp: torch.Tensor | None,
+                 grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None, None
+        grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp.t().contiguous()
+        grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy.t().contiguous()
+        write = _compiled(_write_grad_chunk) if ctx.compiled else _write_grad_chunk
+        v = ctx.vocab_size
+        head = weight[:v]
+        grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
+        for c in _position_chunks(hidden.shape[0], hidden.shape[1] * v):
+            logits = hidden[c] @ head.t()
+            grad_logits = torch.empty_like(logits)
+            write(grad_logits, logits, targets[c], lse[c], entropy[c], grad_logp[c], grad_entropy[c])
+            rows = grad_logits.flatten(0, 1)
+            torch.mm(rows, head, out=grad_hidden[c].flatten(0, 1))
+            grad_weight[:v].addmm_(rows.t(), hidden[c].flatten(0, 1))
+        return grad_hidden, grad_weight, None, None, None
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -484,6 +575,33 @@ def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
     and gradients of log_softmax(mask_padded_vocab(logits.float())) without a [..., T, V] fp32
     tensor (on CUDA, fused compiled kernels a chunk of positions at a time)."""
     return _LogprobsEntropy.apply(logits, targets, vocab_size, True)
+
+
+def sequence_logprobs(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch.Tensor | None,
+                      vocab_size: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(log p(tokens[:, 1:]) from positions [:, :-1], the entropy there if `entropy` else None),
+    [B, S-1] fp32: what the trainer's losses read. A single-stage GPTModel on one TP rank
+    applies its LM head inside the log-prob computation (`hidden_states` and
+    `_LinearLogprobsEntropy`), never materializing the [B, S, V] logits or their gradient;
+    otherwise (TP > 1, pipeline stages, another module) `forward_logits` and
+    `token_logprobs` / `token_logprobs_and_entropy` on them, and None on a pipeline stage
+    other than the last, as `forward_logits`. Values and gradients are the same either way."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    targets = tokens[:, 1:]
+    if (isinstance(model, GPTModel) and ps.get_tensor_model_parallel_world_size() == 1
+            and ps.get_pipeline_model_parallel_world_size() == 1):
+        weight = (model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights
+                  else model.output_layer.weight)
+        hidden = hidden_states(model, tokens, pad_mask)[:-1]
+        return _LinearLogprobsEntropy.apply(hidden, weight, targets, vocab_size, entropy)
+    logits = forward_logits(model, tokens, pad_mask)
+    if logits is None:
+        return None
+    if entropy:
+        return token_logprobs_and_entropy(logits[:, :-1], targets, vocab_size)
+    return token_logprobs(logits[:, :-1], targets, vocab_size), None
 
 
 def vocab_parallel_logprobs(local_logits: torch.Tensor, targets: torch.Tensor,

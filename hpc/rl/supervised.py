@@ -14,11 +14,10 @@ from hpc.rl.losses import explained_variance, value_loss
 def sft_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
              vocab_size: int) -> float:
     """Cross-entropy on the batch's generated tokens (token-mean); returns the loss."""
-    from hpc.policy.model import forward_logits, token_logprobs
+    from hpc.policy.model import sequence_logprobs
 
     policy.train()
-    logits = forward_logits(policy, batch.tokens, batch.pad_mask)[:, :-1]
-    logp = token_logprobs(logits, batch.tokens[:, 1:], vocab_size)
+    logp, _ = sequence_logprobs(policy, batch.tokens, batch.pad_mask, vocab_size, entropy=False)
     loss = -masked_mean(logp, batch.action_mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -45,9 +44,9 @@ def value_step(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
 def reference_logprobs(model: torch.nn.Module, batch: RolloutBatch, vocab_size: int) -> torch.Tensor:
     """[B, T-1] log-probs of the batch's targets under `model` (the frozen reference of the KL
     term and metric), no gradient."""
-    from hpc.policy.model import forward_logits, token_logprobs
+    from hpc.policy.model import sequence_logprobs
 
     model.eval()
     with torch.no_grad():
-        logits = forward_logits(model, batch.tokens, batch.pad_mask)[:, :-1]
-        return token_logprobs(logits, batch.tokens[:, 1:], vocab_size) * batch.action_mask
+        logp, _ = sequence_logprobs(model, batch.tokens, batch.pad_mask, vocab_size, entropy=False)
+        return logp * batch.action_mask

@@ -64,10 +64,9 @@ def _policy_logprobs(policy: torch.nn.Module, batch: RolloutBatch,
                      vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T-1] log-probs of the batch's targets and the entropy at each position (in the loss
     for the entropy bonus, a metric otherwise: one pass gives both)."""
-    from hpc.policy.model import forward_logits, token_logprobs_and_entropy
+    from hpc.policy.model import sequence_logprobs
 
-    logits = forward_logits(policy, batch.tokens, batch.pad_mask)[:, :-1]
-    return token_logprobs_and_entropy(logits, batch.tokens[:, 1:], vocab_size)
+    return sequence_logprobs(policy, batch.tokens, batch.pad_mask, vocab_size, entropy=True)
 
 
 def _critic_values(critic: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
