@@ -92,10 +92,16 @@ def main() -> None:
     shares = args.share.split(",")
     if not set(shares) <= {"on", "off"}:
         raise SystemExit("--share takes on and/or off")
-    settings = [(int(c), int(p), b, sh) for c in args.concurrency.split(",") for p in args.prestart.split(",")
-                for b in args.bind.split(",") for sh in shares]
+    try:
+        settings = [(int(c), int(p), b, sh) for c in args.concurrency.split(",") for p in args.prestart.split(",")
+                    for b in args.bind.split(",") for sh in shares]
+    except ValueError as e:
+        raise SystemExit(f"--concurrency and --prestart take comma-separated integers ({e})") from None
     if args.candidates < 1 or not settings or min(s[0] for s in settings) < 1 or min(s[1] for s in settings) < 0:
         raise SystemExit("--candidates and every --concurrency must be >= 1, every --prestart >= 0")
+    if len(set(settings)) != len(settings):
+        raise SystemExit("each setting once: a repeated --concurrency, --prestart, --bind or --share value would "
+                         "reuse its run's folder")
     tasks = solved_tasks(args)
     work = Path(args.keep or tempfile.mkdtemp(prefix="hpc-pool-throughput-"))
     work.mkdir(parents=True, exist_ok=True)
