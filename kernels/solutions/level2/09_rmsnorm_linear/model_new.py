@@ -16,6 +16,12 @@ class ModelNew(nn.Module):
         x = x.contiguous()
         lin = self.linear
         out = torch.empty(x.shape[0], lin.out_features, device=x.device)
-        kernels.rmsnorm_linear(out, x, self.norm_weight, lin.weight, lin.bias,
-                               x.shape[0], lin.in_features, lin.out_features, self.eps)
+        if kernels.device == "cuda":
+            # the gain folded into the weight's columns first: the GEMM's inner loop then loads no gain
+            wg = torch.empty_like(lin.weight)
+            kernels.gain_columns(wg, lin.weight, self.norm_weight, lin.out_features, lin.in_features)
+            kernels.rms_linear(out, x, wg, lin.bias, x.shape[0], lin.in_features, lin.out_features, self.eps)
+        else:
+            kernels.rmsnorm_linear(out, x, self.norm_weight, lin.weight, lin.bias,
+                                   x.shape[0], lin.in_features, lin.out_features, self.eps)
         return out
