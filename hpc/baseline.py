@@ -64,10 +64,11 @@ def get_baselines(task: Task, cfg: EvalConfig, init_seed: int, lock: DeviceLock 
     return out
 
 
-def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int) -> dict[str, float]:
+def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, lock: DeviceLock) -> dict[str, float]:
     """{"flops", "bytes"} of the task at this scale, from the cache or counted now by `ref` (the
     task's reference worker) and cached: counting runs the model under torch's FLOP counter, seconds
-    per evaluation otherwise."""
+    per evaluation otherwise. Only counting holds `lock` (shared): a cached cost is a file read, and
+    taking even a shared hold would queue it behind any timed run waiting for the device."""
     key = hashlib.sha256("\0".join([task.sha256, cfg.scale, cfg.backend, versions()["torch"], "cost"]).encode())
     path = cfg.cache_path() / "costs" / f"{key.hexdigest()[:32]}.json"
     try:
@@ -75,7 +76,8 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int) -> 
         return {"flops": float(cost["flops"]), "bytes": float(cost["bytes"])}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    reply = ref.request({"op": "cost", "seed": seed})
+    with lock.shared():
+        reply = ref.request({"op": "cost", "seed": seed})
     cost = {"flops": float(reply["flops"]), "bytes": float(reply["bytes"])}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

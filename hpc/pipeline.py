@@ -348,8 +348,7 @@ def _time_candidate(rec: EvalRecord, task: Task, ref: SandboxedProcess, cand: Sa
         rec.fail("timing", f"reported {reported:.4g} ms per call but the harness clock measured "
                            f"{rec.host_check_ms:.4g} ms for the same calls (timer tampering or deferred work)")
         return
-    with lock.shared():
-        cost = task_cost(task, cfg, ref, seed)
+    cost = task_cost(task, cfg, ref, seed, lock)
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
     bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
     if bandwidth or tflops:

@@ -83,3 +83,36 @@ def test_a_lock_adds_up_its_waits_and_its_exclusive_hold(tmp_path):
     assert 0.2 < lock.seconds["lock_wait_exclusive"] < 2.0
     assert 0.1 <= lock.seconds["lock_held_exclusive"] < 1.0
     assert 0 <= lock.seconds["lock_wait_shared"] < 0.2 and other.seconds["lock_held_exclusive"] == 0
+
+
+def test_a_cached_task_cost_is_read_while_a_timer_holds_the_device(tmp_path, fast_config):
+    """Once counted, a task's cost is a file read: an evaluation does not queue for the device to
+    read it behind the timed run of another."""
+    from hpc.baseline import task_cost
+    from hpc.candidate import load_candidate
+    from hpc.pipeline import evaluate
+    from hpc.task import load_task
+    from tests.conftest import RELU_TASK, TESTS
+
+    task = load_task(RELU_TASK)
+    record = evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert record.status == "ok" and record.min_bytes > 0
+    lock = DeviceLock("cpu", tmp_path)
+    holding, release = threading.Event(), threading.Event()
+
+    def timer() -> None:
+        with lock.exclusive():
+            holding.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=timer)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        start = time.monotonic()
+        cost = task_cost(task, fast_config, None, 0, lock)
+        assert time.monotonic() - start < 1.0
+    finally:
+        release.set()
+        thread.join()
+    assert cost == {"flops": record.flops, "bytes": record.min_bytes}
