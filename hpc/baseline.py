@@ -67,8 +67,10 @@ def get_baselines(task: Task, cfg: EvalConfig, init_seed: int, lock: DeviceLock 
 def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, lock: DeviceLock) -> dict[str, float]:
     """{"flops", "bytes"} of the task at this scale, from the cache or counted now by `ref` (the
     task's reference worker) and cached: counting runs the model under torch's FLOP counter, seconds
-    per evaluation otherwise. Only counting holds `lock` (shared): a cached cost is a file read, and
-    taking even a shared hold would queue it behind any timed run waiting for the device."""
+    per evaluation otherwise. It counts on the meta device first, holding no lock (a process's first
+    count imports the counter, ~1.4 s, and a shared hold that long stalls every timed run queued
+    behind it); only a task whose forward needs real values is counted on the device, under `lock`
+    (shared). A cached cost is a file read, with no lock."""
     key = hashlib.sha256("\0".join([task.sha256, cfg.scale, cfg.backend, versions()["torch"], "cost"]).encode())
     path = cfg.cache_path() / "costs" / f"{key.hexdigest()[:32]}.json"
     try:
@@ -76,8 +78,10 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, loc
         return {"flops": float(cost["flops"]), "bytes": float(cost["bytes"])}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    with lock.shared():
-        reply = ref.request({"op": "cost", "seed": seed})
+    reply = ref.request({"op": "cost", "seed": seed, "meta": True})
+    if "meta_failed" in reply:
+        with lock.shared():
+            reply = ref.request({"op": "cost", "seed": seed})
     cost = {"flops": float(reply["flops"]), "bytes": float(reply["bytes"])}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

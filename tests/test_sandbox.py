@@ -118,3 +118,30 @@ def test_worker_reports_task_errors_by_kind(tmp_path):
         with pytest.raises(SandboxError) as err:
             proc.request({"op": "setup", "task": str(bad), "scale": "cpu", "init_seed": 0, "device": "cpu"})
     assert err.value.kind == "task" and "missing_global" in err.value.reason
+
+
+def _costs(task: Path, work: Path) -> tuple[dict, dict]:
+    """(meta count, device count) of one task at cpu scale, from one real reference worker."""
+    work.mkdir()
+    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu") as proc:
+        proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+        return proc.request({"op": "cost", "seed": 1, "meta": True}), proc.request({"op": "cost", "seed": 1})
+
+
+def test_every_shipped_task_costs_the_same_counted_on_the_meta_device(tmp_path):
+    """The floor check's FLOP and byte counts come from shapes alone: counting on the meta device
+    (no device work, no lock) gives what counting on real tensors gives."""
+    tasks = sorted((Path(__file__).parent.parent / "kernels" / "tasks").glob("level*/*.py"))
+    assert tasks
+    for i, task in enumerate(tasks):
+        meta, real = _costs(task, tmp_path / str(i))
+        assert meta == real and real["bytes"] > 0, task
+
+
+def test_a_task_whose_forward_needs_values_is_counted_on_the_device(tmp_path):
+    task = tmp_path / "branchy.py"
+    task.write_text("import torch\nclass Model(torch.nn.Module):\n"
+                    "    def forward(self, x):\n        return x @ x if x.sum() > 0 else x.t() @ x\n"
+                    "def get_inputs():\n    return [torch.randn(32, 32)]\ndef get_init_inputs():\n    return []\n")
+    meta, real = _costs(task, tmp_path / "w")
+    assert "meta_failed" in meta and real["flops"] == 2 * 32 ** 3

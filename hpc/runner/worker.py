@@ -131,16 +131,18 @@ class ReferenceWorker(_Worker):
 
     def cost(self, msg: dict) -> dict:
         """FLOPs (matmul/conv family, counted by torch) and the fewest bytes any implementation must
-        move: inputs, parameters and outputs once each."""
-        from torch.utils.flop_counter import FlopCounterMode
-
-        inputs = self.base_inputs(msg["seed"])
-        with FlopCounterMode(display=False) as counter:
-            out = self.model(*inputs)
-        tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(self.model.parameters()) + list(
-            self.model.buffers()) + [t for t in as_tuple(out) if isinstance(t, torch.Tensor)]
-        return {"flops": float(counter.get_total_flops()),
-                "bytes": float(sum(t.numel() * t.element_size() for t in tensors))}
+        move: inputs, parameters and outputs once each. With `meta`, counted on a copy of the task
+        built on the meta device (shapes only: no device work, so the harness holds no device lock
+        for it); a task whose forward needs real values there replies {"meta_failed": reason}."""
+        if msg.get("meta"):
+            meta = torch.device("meta")
+            try:
+                with meta:
+                    model = init_model(self.task.Model, self.task, self.init_seed, meta)
+                return _counted(model, make_inputs(self.task, msg["seed"], "default", meta))
+            except Exception as e:   # the task's own code on shapes alone: anything may fail
+                return {"meta_failed": f"{type(e).__name__}: {e}"}
+        return _counted(self.model, self.base_inputs(msg["seed"]))
 
     def fingerprints(self, msg: dict) -> dict:
         base = self.base_inputs(msg["seed"])
@@ -254,6 +256,19 @@ class ProgramWorker(_Worker):
             return {"ms": 0.0}
         took, _ = time_call(self.call, self.prepared[index], self.device)
         return {"ms": took.ms}
+
+
+def _counted(model: torch.nn.Module, inputs: list) -> dict:
+    """FLOPs of one forward under torch's counter, and the bytes of its inputs, parameters,
+    buffers and outputs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        out = model(*inputs)
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(model.parameters()) + list(
+        model.buffers()) + [t for t in as_tuple(out) if isinstance(t, torch.Tensor)]
+    return {"flops": float(counter.get_total_flops()),
+            "bytes": float(sum(t.numel() * t.element_size() for t in tensors))}
 
 
 ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
