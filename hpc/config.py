@@ -43,6 +43,7 @@ class TimingConfig:
     flush_bytes_cuda: int = 256 << 20
     host_check_calls: int = 20            # single calls timed by the worker and by the harness's own clock
     host_check_ratio: float = 0.25         # worker's fastest below ratio x the harness's fastest: rejected
+    host_check_attempts: int = 3           # ... in every one of these fresh measurements (a busy host slows one)
     start_gate_timeout_us: float = 500.0  # cuda: longest the start gate waits for the call's host side
 
 
@@ -133,7 +134,8 @@ class EvalConfig:
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
         positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
-                    "timing.host_check_calls": self.timing.host_check_calls}
+                    "timing.host_check_calls": self.timing.host_check_calls,
+                    "timing.host_check_attempts": self.timing.host_check_attempts}
         for key, value in positive.items():
             if value <= 0:
                 raise UserError(f"config {key}: must be > 0, got {value}")

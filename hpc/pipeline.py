@@ -342,11 +342,18 @@ def _time_candidate(rec: EvalRecord, task: Task, ref: SandboxedProcess, cand: Sa
             return
     rec.timed_checks = len(checked)
     flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
-    with lock.exclusive():
-        reported, rec.host_check_ms = _host_clock_ms(cand, t, seed, flush)
-    if not reported >= t.host_check_ratio * rec.host_check_ms:
+    # A deferred-work or clock-tampering candidate under-reports every time; an honest one on an
+    # oversubscribed host can lose one measurement to the scheduler (every round trip delayed), so
+    # a pass in any of a few fresh measurements is a pass.
+    for _ in range(t.host_check_attempts):
+        with lock.exclusive():
+            reported, rec.host_check_ms = _host_clock_ms(cand, t, seed, flush)
+        if reported >= t.host_check_ratio * rec.host_check_ms:
+            break
+    else:
         rec.fail("timing", f"reported {reported:.4g} ms per call but the harness clock measured "
-                           f"{rec.host_check_ms:.4g} ms for the same calls (timer tampering or deferred work)")
+                           f"{rec.host_check_ms:.4g} ms for the same calls, in each of {t.host_check_attempts} "
+                           "measurements (timer tampering or deferred work)")
         return
     cost = task_cost(task, cfg, ref, seed, lock)
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]

@@ -29,6 +29,7 @@ def test_yaml_overrides_nested_keys(tmp_path):
     ("timing:\n  iteratons: 5\n", "timing.iteratons"),
     ("timing:\n  iterations: many\n", "timing.iterations"),
     ("timing:\n  iterations: 0\n", "timing.iterations"),
+    ("timing:\n  host_check_attempts: 0\n", "timing.host_check_attempts"),
     ("backend: tpu\n", "backend"),
     ("reward: 3\n", "reward"),
     ("correctness:\n  distributions: [wide, cauchy]\n", "correctness.distributions"),

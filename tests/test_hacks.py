@@ -96,6 +96,7 @@ def test_timers_patched_consistently_are_caught_by_the_harness_clock(tmp_path, c
     """Clock and the timing module's captured copy replaced together: only the harness's own clock can tell."""
     rec = evaluate(load_task(RELU_TASK), load_candidate(_timer_hack(tmp_path, 1)), config)
     assert rec.failed_stage == "timing" and "harness clock" in rec.reason, rec.reason
+    assert f"each of {config.timing.host_check_attempts} measurements" in rec.reason, rec.reason
     assert rec.reward == -1.0
 
 
