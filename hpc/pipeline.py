@@ -27,6 +27,7 @@ from hpc.hardware import device_name, versions
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import TimingStats
 from hpc.results.record import EvalRecord
+from hpc.runner.op_monitor import op_monitor_library
 from hpc.reward import compute_reward
 from hpc.sandbox import cuda_ipc
 from hpc.sandbox.prestart import WorkerPair, worker_pair
@@ -189,6 +190,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         with lock.shared():   # both set up at once; the reference's failure is the task's, reported first
             ref.send(setup)
             cand.send({**setup, **timing_setup(cfg), "program": "candidate", "model_file": str(model_file),
+                       "op_monitor": str(op_monitor_library(cfg.cache_path())),
                        "environment": env, "share_outputs": cfg.backend == "cuda" and cfg.sandbox.share_outputs,
                        "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
                                   "require_custom_kernel": cfg.policy.require_custom_kernel}})

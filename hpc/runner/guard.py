@@ -1,7 +1,8 @@
 """Runtime policy for a candidate's forward: what it may call, and proof that its own code ran.
 
 Inside `ModelNew.forward` a candidate may allocate, take views, copy memory and call its own
-kernels. Every other aten op (matmul, add, softmax...) means torch did the work: a violation.
+kernels. Every other aten op (matmul, add, softmax...) means torch did the work: a violation,
+seen on every call (correctness trials and timed calls alike) by the op monitor.
 A forward that calls none of its own kernels, starts threads, mutates its inputs or returns
 anything but plain tensors fails too. Each failure carries a named reason.
 """
@@ -14,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpc.runner.inputs import as_tuple
+from hpc.runner.op_monitor import OpMonitor
 
 ALLOWED_OPS = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like
@@ -34,19 +36,16 @@ UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", 
 POISON = (float("nan"), -3.0e7)   # alternate per correctness trial: reading uninitialized memory shows
 
 
-class _OpAllowlist(TorchDispatchMode):
-    def __init__(self, allowed: frozenset[str], poison: float | None):
+class _PoisonFill(TorchDispatchMode):
+    """Fills every uninitialized allocation of the forward with `poison`."""
+
+    def __init__(self, poison: float):
         super().__init__()
-        self.allowed = allowed
         self.poison = poison
-        self.violation: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name not in self.allowed and self.violation is None:
-            self.violation = f"torch op aten.{name} inside ModelNew.forward (torch must not do the work)"
         out = func(*args, **(kwargs or {}))
-        if self.poison is not None and name in UNINITIALIZED and isinstance(out, torch.Tensor):
+        if func.overloadpacket.__name__ in UNINITIALIZED and isinstance(out, torch.Tensor):
             out.fill_(self.poison if out.is_floating_point() else -1)
         return out
 
@@ -55,17 +54,20 @@ def warm_up() -> None:
     """The first dispatch mode a process enters imports torch's dispatch machinery (~2 s). A
     program worker does it on start, while the harness is still setting up the reference, so that
     second is not on the evaluation's path (it was the first correctness trial's)."""
-    with _OpAllowlist(ALLOWED_OPS, None):
+    with _PoisonFill(0.0):
         torch.empty(1)
+
+
+def _op_name(recorded: str) -> str:
+    return recorded.replace("::", ".", 1)
 
 
 class ForwardGuard:
     """Wraps a candidate model so every forward call is checked against the policy."""
 
-    def __init__(self, model: torch.nn.Module, extra_allowed: list[str], require_custom_kernel: bool,
-                 launch_counter):
+    def __init__(self, model: torch.nn.Module, monitor: OpMonitor, require_custom_kernel: bool, launch_counter):
         self.model = model
-        self.allowed = ALLOWED_OPS | frozenset(extra_allowed)
+        self.monitor = monitor
         self.require_custom_kernel = require_custom_kernel
         self.launch_counter = launch_counter
 
@@ -78,11 +80,17 @@ class ForwardGuard:
         before = [x.clone() for x in inputs if isinstance(x, torch.Tensor)] if check_inputs else None
         threads = threading.active_count()
         launches = self.launch_counter()
-        mode = _OpAllowlist(self.allowed, poison)
-        with mode:
-            out = self.model(*inputs)
-        if mode.violation:
-            raise PolicyViolation(mode.violation)
+        self.monitor.arm()
+        try:
+            if poison is None:
+                out = self.model(*inputs)
+            else:
+                with _PoisonFill(poison):
+                    out = self.model(*inputs)
+        finally:
+            violation = self.monitor.disarm()
+        if violation:
+            raise PolicyViolation(f"torch op {_op_name(violation)} inside ModelNew.forward (torch must not do the work)")
         if threading.active_count() > threads:
             raise PolicyViolation("forward started a thread that outlives the call")
         if self.require_custom_kernel and self.launch_counter() == launches:

@@ -19,8 +19,9 @@ import torch
 from hpc.config import CorrectnessConfig
 from hpc.profile.timing import (CacheFlusher, install_start_gate, synchronize, time_call, time_calls,
                                 timers_intact)
-from hpc.runner.guard import POISON, ForwardGuard, PolicyViolation
+from hpc.runner.guard import ALLOWED_OPS, POISON, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
+from hpc.runner.op_monitor import OpMonitor
 from hpc.sandbox import cuda_ipc
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
@@ -186,6 +187,10 @@ class ProgramWorker(_Worker):
     def _load_candidate(self, msg: dict):
         from hpc import runtime
 
+        try:   # before any candidate code runs
+            monitor = OpMonitor(msg["op_monitor"], ALLOWED_OPS | frozenset(msg["policy"]["allowed_torch_ops"]))
+        except (OSError, RuntimeError) as e:
+            raise WorkerError(f"op monitor unusable: {e}", "harness") from None
         runtime.count_extension_calls()
         os.environ.update({str(k): str(v) for k, v in msg.get("environment", {}).items()})
         path = Path(msg["model_file"])
@@ -205,8 +210,7 @@ class ProgramWorker(_Worker):
         model.load_state_dict(matched, strict=False)
         self.load_info = {"weights_loaded": len(matched), "weights_total": len(reference.state_dict())}
         del reference
-        guard = ForwardGuard(model, msg["policy"]["allowed_torch_ops"], msg["policy"]["require_custom_kernel"],
-                             runtime.launch_count)
+        guard = ForwardGuard(model, monitor, msg["policy"]["require_custom_kernel"], runtime.launch_count)
         self.checked_call = lambda inputs, trial: guard(inputs, check_inputs=True, poison=POISON[trial % len(POISON)])
         return guard
 

@@ -1,0 +1,116 @@
+// The evaluator's op monitor: a RecordFunction callback on every thread that sees each operator a
+// candidate's forward dispatches and remembers the first one outside the policy. Built by the
+// harness against the running torch (never by a candidate) and driven from hpc/runner/op_monitor.py.
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+
+namespace {
+
+std::deque<std::string> names;                       // owns the strings the sets view
+std::unordered_set<std::string_view> allowed_ops;    // "aten::view": every overload allowed
+std::unordered_set<std::string_view> allowed_overloads;  // "aten::to.dtype": that overload only
+std::atomic<bool> armed{false};
+std::atomic<long> seen{0};
+std::atomic<long> violations{0};
+std::mutex first_mutex;
+std::string first;
+bool installed = false;
+
+// The operators an allowlisted operator calls inside its own kernel (relu's cpu kernel calls
+// clamp_min) are its implementation, not the candidate's: they are not checked. An operator
+// allowed only because it decomposes gets no such pass, so linear's matmul is still checked.
+thread_local int inside_allowed = 0;
+
+struct Allowed : at::ObserverContext {};
+
+enum class Verdict { allowed_with_children, allowed, violation };
+
+// Only dispatcher operators are checked: other records of the FUNCTION scope are torch's own
+// labels (e.g. "PythonDispatchMode" when the poison fill's dispatch mode runs), never work.
+Verdict verdict(const at::RecordFunction& fn) {
+  auto op = fn.operator_name();
+  if (!op) return Verdict::allowed;
+  if (allowed_ops.count(op->name)) return Verdict::allowed_with_children;
+  const bool decomposes = op->overload_name.empty()
+      ? allowed_overloads.count(op->name) > 0
+      : allowed_overloads.count(op->name + "." + op->overload_name) > 0;
+  return decomposes ? Verdict::allowed : Verdict::violation;
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (!armed.load(std::memory_order_acquire)) return nullptr;
+  seen.fetch_add(1, std::memory_order_relaxed);
+  if (inside_allowed > 0) return nullptr;
+  switch (verdict(fn)) {
+    case Verdict::allowed_with_children:
+      ++inside_allowed;
+      return std::make_unique<Allowed>();
+    case Verdict::allowed:
+      return nullptr;
+    case Verdict::violation:
+      if (violations.fetch_add(1) == 0) {
+        std::lock_guard<std::mutex> lock(first_mutex);
+        first = fn.name();
+      }
+      return nullptr;
+  }
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (ctx) --inside_allowed;
+}
+
+void add_lines(const char* text, std::unordered_set<std::string_view>& into) {
+  for (const char* p = text; *p;) {
+    const char* end = std::strchr(p, '\n');
+    size_t n = end ? size_t(end - p) : std::strlen(p);
+    if (n) into.insert(names.emplace_back(p, n));
+    p += n + (end ? 1 : 0);
+  }
+}
+
+}  // namespace
+
+// Replaces the policy: newline-separated operator names (all overloads) and overload names.
+extern "C" int hpc_op_monitor_policy(const char* ops, const char* overloads) {
+  if (armed.load()) return 1;
+  allowed_ops.clear();
+  allowed_overloads.clear();
+  names.clear();
+  add_lines(ops, allowed_ops);
+  add_lines(overloads, allowed_overloads);
+  if (!installed) {
+    at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}));
+    installed = true;
+  }
+  return 0;
+}
+
+extern "C" void hpc_op_monitor_arm() {
+  seen.store(0);
+  violations.store(0);
+  armed.store(true, std::memory_order_release);
+}
+
+// Stops watching; returns how many operators outside the policy ran since arm.
+extern "C" long hpc_op_monitor_disarm() {
+  armed.store(false, std::memory_order_release);
+  return violations.load();
+}
+
+extern "C" long hpc_op_monitor_seen() { return seen.load(); }
+
+// The first operator outside the policy since arm, copied into `out` (at most `size` bytes).
+extern "C" void hpc_op_monitor_first(char* out, size_t size) {
+  std::lock_guard<std::mutex> lock(first_mutex);
+  std::snprintf(out, size, "%s", first.c_str());
+}

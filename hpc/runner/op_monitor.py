@@ -1,0 +1,80 @@
+"""The op monitor: which torch operators a candidate's forward dispatched, checked in C++.
+
+The policy guard must hold on every timed call, where a Python dispatch mode (the old proof) cost
+~60-90 us of host time a call: on a small task that was the whole measured time. The monitor is a
+torch RecordFunction callback (monitor_lib/kernels/op_monitor.cpp) on every thread, armed only
+around the forward, at ~1 us a call. It sees each operator before any decomposition, so the
+policy it enforces is the allowlist plus every overload that only decomposes into other operators
+(CompositeImplicitAutograd with no kernel of its own): each of those ops is seen and checked too.
+
+Built by the harness against the running torch, once per machine and torch version, outside the
+sandbox, like the timing start gate; a worker loads it by path before any candidate code runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from hpc.compile.native import Toolchain, compile_workdir
+from hpc.errors import UserError
+
+MONITOR_WORKDIR = Path(__file__).parent / "monitor_lib"
+
+
+def _toolchain() -> Toolchain:
+    root = Path(torch.__file__).parent
+    return Toolchain(
+        "cpu", os.environ.get("CXX", "g++"),
+        ("-O2", "-std=c++20", "-fPIC", f"-I{root / 'include'}", f"-DHPC_TORCH_VERSION={torch.__version__}",
+         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"),
+        (f"-L{root / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{root / 'lib'}", "-Wl,--no-undefined"),
+    )
+
+
+def op_monitor_library(cache_dir: Path) -> Path:
+    """The monitor's shared library for this torch, built into the evaluator's cache on first use."""
+    result = compile_workdir(MONITOR_WORKDIR, _toolchain(), cache_dir, trusted=True)
+    if not result.ok:
+        raise UserError(f"cannot build the op monitor against torch {torch.__version__}: "
+                        f"{result.log.strip()[-300:]}")
+    return result.library
+
+
+@lru_cache(maxsize=1)
+def decomposing_overloads() -> frozenset[str]:
+    """Every overload whose only kernel calls other operators (each then seen by the monitor)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return frozenset(op for op in torch._C._dispatch_get_all_op_names()
+                     if has(op, "CompositeImplicitAutograd") and not has(op, "CPU") and not has(op, "CUDA"))
+
+
+class OpMonitor:
+    """Arm around a forward; `disarm` names the first operator outside the allowlist, or ""."""
+
+    def __init__(self, library: str | Path, allowed: frozenset[str]):
+        lib = ctypes.CDLL(str(library))
+        lib.hpc_op_monitor_policy.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.hpc_op_monitor_disarm.restype = ctypes.c_long
+        lib.hpc_op_monitor_seen.restype = ctypes.c_long
+        lib.hpc_op_monitor_first.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        ops = "\n".join(f"aten::{name}" for name in sorted(allowed)).encode()
+        if lib.hpc_op_monitor_policy(ops, "\n".join(sorted(decomposing_overloads())).encode()):
+            raise RuntimeError("op monitor: the policy cannot change while it is armed")
+        self._lib = lib
+        self.arm = lib.hpc_op_monitor_arm
+
+    def disarm(self) -> str:
+        if not self._lib.hpc_op_monitor_disarm():
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        self._lib.hpc_op_monitor_first(buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def seen(self) -> int:
+        """Operators dispatched between the last arm and disarm."""
+        return self._lib.hpc_op_monitor_seen()

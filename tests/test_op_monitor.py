@@ -1,0 +1,92 @@
+"""The op monitor (hpc/runner/op_monitor.py): the C++ callback that enforces the op policy on every
+forward call. Built with the real compiler against the installed torch."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from hpc.runner.guard import ALLOWED_OPS
+from hpc.runner.op_monitor import OpMonitor, decomposing_overloads, op_monitor_library
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    return op_monitor_library(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def monitor(library):
+    """The process's one monitor, with the default policy (a test may have replaced it)."""
+    return OpMonitor(library, ALLOWED_OPS)
+
+
+def _first_violation(monitor: OpMonitor, fn) -> str:
+    monitor.arm()
+    try:
+        fn()
+    finally:
+        violation = monitor.disarm()
+    return violation
+
+
+X = torch.randn(8, 8)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda: torch.empty_like(X),
+    lambda: X.reshape(64).view(8, 8).t().contiguous(),
+    lambda: X.to(torch.float64),                   # aten::to decomposes into the allowed _to_copy
+    lambda: X.split(2),
+    lambda: torch.zeros(3).copy_(torch.ones(3)),
+])
+def test_allowed_and_decomposing_ops_pass(monitor, fn):
+    assert _first_violation(monitor, fn) == ""
+    assert monitor.seen() > 0
+
+
+@pytest.mark.parametrize("fn, op", [
+    (lambda: X + 1, "aten::add"),
+    (lambda: torch.relu(X), "aten::relu"),
+    (lambda: torch.nn.functional.linear(X, X), "aten::mm"),   # linear decomposes; its matmul is seen
+    (lambda: X @ X, "aten::mm"),
+])
+def test_compute_ops_are_named(monitor, fn, op):
+    assert _first_violation(monitor, fn) == op
+
+
+def test_ops_on_another_thread_are_seen(monitor):
+    def forward():
+        worker = threading.Thread(target=lambda: X.sum())
+        worker.start()
+        worker.join()
+
+    assert _first_violation(monitor, forward) == "aten::sum"
+
+
+def test_nothing_is_recorded_while_disarmed(monitor):
+    X.sum()
+    assert _first_violation(monitor, lambda: None) == "" and monitor.seen() == 0
+
+
+def test_extra_allowed_ops_extend_the_policy(library):
+    monitor = OpMonitor(library, ALLOWED_OPS | {"relu"})
+    assert _first_violation(monitor, lambda: torch.relu(X)) == ""
+    assert _first_violation(monitor, lambda: X + 1) == "aten::add"
+
+
+def test_the_policy_cannot_change_while_armed(library, monitor):
+    monitor.arm()
+    try:
+        with pytest.raises(RuntimeError, match="while it is armed"):
+            OpMonitor(library, ALLOWED_OPS | {"add"})
+    finally:
+        monitor.disarm()
+
+
+def test_decomposing_overloads_exclude_ops_with_kernels():
+    overloads = decomposing_overloads()
+    assert {"aten::linear", "aten::reshape", "aten::to.dtype"} <= overloads
+    assert not {"aten::mm", "aten::add.Tensor", "aten::relu", "aten::where.self"} & overloads
