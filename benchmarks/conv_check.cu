@@ -1,11 +1,12 @@
 // Correctness check and timing of the CUDA conv2d solutions built on the 3xTF32 implicit GEMM, on one GPU.
 // One program per kernel, picked with -DCHECK=conv2d|relu_bias|bn_relu (default conv2d); they cannot share a
-// translation unit (each level-2 .cu defines its own anonymous-namespace Epi):
+// translation unit (each .cu includes its own copy of conv.cuh and defines an anonymous-namespace Epi):
 //   conv2d:    kernels/solutions/level1/02_conv2d/kernels/conv2d.cu                 (conv + bias, padding)
 //   relu_bias: kernels/solutions/level2/03_conv2d_relu_bias/kernels/conv_relu_bias.cu (relu(conv + cb) + bias)
 //   bn_relu:   kernels/solutions/level2/04_conv2d_batchnorm_relu/kernels/conv_bn_relu.cu
 //              (relu((conv + cb - mean) * gamma / sqrt(var + eps) + beta), eps = 1e-5)
-// (the level-2 ones through their shared kernels/conv.cuh: stride 1, no padding)
+// (all three through kernels/conv.cuh, one header copied into each solution, stride 1; the level-2 ones
+// through its unpadded variant)
 //
 //   for c in conv2d relu_bias bn_relu; do
 //     nvcc -O3 -std=c++17 -arch=sm_90 -DCHECK=$c -o conv_check_$c benchmarks/conv_check.cu && ./conv_check_$c

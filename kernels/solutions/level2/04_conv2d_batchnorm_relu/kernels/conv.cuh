@@ -1,5 +1,5 @@
-// Stride-1, unpadded NCHW conv2d with a fused per-output-channel epilogue, as an implicit GEMM on the
-// tensor cores with fp32 accuracy ("3xTF32"; the kernel of level1/02_conv2d's conv2d.cu with padding 0):
+// Stride-1, zero-padded NCHW conv2d with a fused per-output-channel epilogue, as an implicit GEMM on the
+// tensor cores with fp32 accuracy ("3xTF32", the scheme of level1/01_matmul's sgemm.cuh):
 //   y (Co x pixels) = epi(W (Co x K, K = Ci*KH*KW, the weight's own row-major layout) @ im2col(x) (K x pixels))
 // where the pixel (GEMM N) dimension runs over (image, oh, ow) across the whole batch.
 //
@@ -9,11 +9,12 @@
 //
 // 128 (co) x 128 (pixels) x 32 (k) block tile, 8 warps (2 x 4, 64x32 each), 3-stage cp.async pipeline.
 // A (weights): [BM][APITCH] K-contiguous tile, 16-byte cp.async when K % 4 == 0 and w is 16-byte aligned.
-// B (im2col):  [BK][BNPITCH] pixel-contiguous tile gathered with 4-byte cp.async. Each thread owns 4 fixed
-// pixel columns (lane + 32q, decoded once) and the rows warp + 8i of every k tile; the row's (ci, kh, kw)
-// is warp-uniform and advanced incrementally (no divisions in the main loop). Without padding every tap
-// of a valid pixel is inside the image, so the only check is k < K (src-size 0 zero-fills); columns past
-// the last pixel gather pixel 0's (finite, discarded) data.
+// B (im2col):  [BK][BNPITCH] pixel-contiguous tile gathered with 4-byte cp.async (src-size 0 zero-fills
+// what is out of range). Each thread owns 4 fixed pixel columns (lane + 32q, decoded once) and the rows
+// warp + 8i of every k tile; the row's (ci, kh, kw) is warp-uniform and advanced incrementally (no
+// divisions in the main loop). PAD: each tap is bounds-checked against the image (the padding and columns
+// past the last pixel read as 0). Without PAD every tap of a valid pixel is inside the image, so the only
+// check is k < K; columns past the last pixel gather pixel 0's (finite, discarded) data.
 // Epilogue: y[img][co][pix] = epi.apply(acc, epi.row(co)), row(co) evaluated once per output row a
 // thread owns. Epi: typename Row; __device__ Row row(int co) const;
 //                   __device__ float apply(float acc, const Row&) const.
@@ -41,6 +42,9 @@ struct ConvParams {
     // k steps of 8 (between a thread's rows in a tile) and 32 (between tiles) as
     // step = a * KHW + b * KW + c with b < KH, c < KW
     int a8, b8, c8, a32, b32, c32;
+    // PAD only, and last: the fields above keep the 8-byte pairing the unpadded kernel was tuned with
+    // (moving them reschedules its main loop)
+    int H, ph, pw;
 };
 
 // big = x rounded to tf32 (to nearest, ties away: cvt.rna's result for finite x, by an integer add and
@@ -104,7 +108,7 @@ __device__ __forceinline__ void k_advance(int& ci, int& kh, int& kw, int a, int 
     if (kh >= KH) { kh -= KH; ++ci; }
 }
 
-template <class Epi, bool VEC>
+template <class Epi, bool VEC, bool PAD>
 __global__ void __launch_bounds__(NT, 1)
 conv_tf32x3(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ w,
             const ConvParams p, const bool vecOut, const Epi epi) {
@@ -123,15 +127,21 @@ conv_tf32x3(float* __restrict__ y, const float* __restrict__ x, const float* __r
     const int ntiles = (int)((K + BK - 1) / BK);
 
     // ---- this thread's 4 im2col columns: pixels n0 + lane + 32q
-    int64_t poff[4];   // img*Ci*H*W + oh*W + ow (the element offset of channel 0, tap (0, 0)); 0 past the end
+    const int ph = PAD ? p.ph : 0, pw = PAD ? p.pw : 0;
+    int ih0[4], iw0[4];   // top-left input coordinate of the pixel's receptive field
+    int64_t poff[4];      // img*Ci*H*W + ih0*W + iw0 (the element offset of channel 0, tap (0, 0)); 0 past the end
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
         const int64_t pg = n0 + lane + 32 * q;
         if (pg < p.total) {
             const int64_t img = pg / p.P, pix = pg - img * p.P;
             const int oh = (int)(pix / p.OW), ow = (int)(pix - (int64_t)oh * p.OW);
-            poff[q] = img * p.CHW + (int64_t)oh * p.W + ow;
+            ih0[q] = oh - ph;
+            iw0[q] = ow - pw;
+            poff[q] = img * p.CHW + (int64_t)ih0[q] * p.W + iw0[q];
         } else {
+            ih0[q] = -(1 << 29);   // fails every bounds check
+            iw0[q] = 0;
             poff[q] = 0;
         }
     }
@@ -153,7 +163,14 @@ conv_tf32x3(float* __restrict__ y, const float* __restrict__ x, const float* __r
             const int64_t roff = (int64_t)ci * p.HW + (int64_t)kh * p.W + kw;
             float* srow = s + (warp + 8 * i) * BNPITCH + lane;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) cp_async<4>(srow + 32 * q, kok ? x + (poff[q] + roff) : x, kok);
+            for (int q = 0; q < 4; ++q) {
+                bool ok = kok;
+                if constexpr (PAD) {
+                    const int ih = ih0[q] + kh, iw = iw0[q] + kw;
+                    ok = ok && (unsigned)ih < (unsigned)p.H && (unsigned)iw < (unsigned)p.W;
+                }
+                cp_async<4>(srow + 32 * q, ok ? x + (poff[q] + roff) : x, ok);
+            }
             k_advance(ci, kh, kw, p.a8, p.b8, p.c8, p.KH, p.KW);
             k += 8;
         }
@@ -261,11 +278,11 @@ inline void k_decompose(int step, int KHW, int KW, int& a, int& b, int& c) {
     c = r % KW;
 }
 
-// y[Bn][Co][H-KH+1][W-KW+1] = epi(conv2d(x[Bn][Ci][H][W], w[Co][Ci][KH][KW])), all on `stream`
-template <class Epi>
-inline void launch(float* y, const float* x, const float* w, int64_t Bn, int64_t Ci, int64_t H, int64_t W,
-                   int64_t Co, int64_t KH, int64_t KW, const Epi& epi, cudaStream_t stream) {
-    const int64_t OH = H - KH + 1, OW = W - KW + 1;
+template <bool PAD, class Epi>
+inline void launch_impl(float* y, const float* x, const float* w, int64_t Bn, int64_t Ci, int64_t H, int64_t W,
+                        int64_t Co, int64_t KH, int64_t KW, int64_t ph, int64_t pw, const Epi& epi,
+                        cudaStream_t stream) {
+    const int64_t OH = H + 2 * ph - KH + 1, OW = W + 2 * pw - KW + 1;
     if (Bn <= 0 || Co <= 0 || OH <= 0 || OW <= 0 || Ci < 0 || KH <= 0 || KW <= 0) return;
 
     ConvParams p;
@@ -274,12 +291,15 @@ inline void launch(float* y, const float* x, const float* w, int64_t Bn, int64_t
     p.HW = H * W;
     p.CHW = Ci * p.HW;
     p.K = Ci * KH * KW;
+    p.H = (int)H;
     p.W = (int)W;
     p.CO = (int)Co;
     p.KH = (int)KH;
     p.KW = (int)KW;
     p.KHW = (int)(KH * KW);
     p.OW = (int)OW;
+    p.ph = (int)ph;
+    p.pw = (int)pw;
     p.num_m = (int)((Co + BM - 1) / BM);
     k_decompose(8, p.KHW, p.KW, p.a8, p.b8, p.c8);
     k_decompose(BK, p.KHW, p.KW, p.a32, p.b32, p.c32);
@@ -288,11 +308,27 @@ inline void launch(float* y, const float* x, const float* w, int64_t Bn, int64_t
     const dim3 grid((unsigned)(num_n * p.num_m));
     const bool vec = p.K % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
     const bool vecOut = p.P % 2 == 0 && (reinterpret_cast<uintptr_t>(y) & 7) == 0;
-    auto* kernel = vec ? conv_tf32x3<Epi, true> : conv_tf32x3<Epi, false>;
+    auto* kernel = vec ? conv_tf32x3<Epi, true, PAD> : conv_tf32x3<Epi, false, PAD>;
     // every launch, not once through a function-local static: such statics are process-wide
     // (STB_GNU_UNIQUE) across libraries, so a second library would skip its own opt-in
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     kernel<<<grid, NT, SMEM_BYTES, stream>>>(y, x, w, p, vecOut, epi);
+}
+
+// y[Bn][Co][H+2ph-KH+1][W+2pw-KW+1] = epi(conv2d(x[Bn][Ci][H][W], w[Co][Ci][KH][KW], zero padding ph, pw)),
+// all on `stream`
+template <class Epi>
+inline void launch(float* y, const float* x, const float* w, int64_t Bn, int64_t Ci, int64_t H, int64_t W,
+                   int64_t Co, int64_t KH, int64_t KW, int64_t ph, int64_t pw, const Epi& epi,
+                   cudaStream_t stream) {
+    launch_impl<true>(y, x, w, Bn, Ci, H, W, Co, KH, KW, ph, pw, epi, stream);
+}
+
+// the same without padding: y[Bn][Co][H-KH+1][W-KW+1], through the kernel without the taps' bounds checks
+template <class Epi>
+inline void launch(float* y, const float* x, const float* w, int64_t Bn, int64_t Ci, int64_t H, int64_t W,
+                   int64_t Co, int64_t KH, int64_t KW, const Epi& epi, cudaStream_t stream) {
+    launch_impl<false>(y, x, w, Bn, Ci, H, W, Co, KH, KW, 0, 0, epi, stream);
 }
 
 }  // namespace cv
