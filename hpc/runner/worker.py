@@ -225,7 +225,10 @@ class ProgramWorker(_Worker):
 
     def _share(self, output) -> list:
         """The outputs copied to allocations of their own and exported (kept until the next
-        request); unless all are CUDA tensors the driver exports, all go to the host as usual."""
+        request); unless all are CUDA tensors the driver exports, all go to the host as usual. After a
+        device-wide synchronize, as on the way to the host: work the forward left on another stream
+        is finished and counted the same whichever way the outputs travel."""
+        synchronize(self.device)
         outs = as_tuple(output)
         if all(isinstance(t, torch.Tensor) and t.is_cuda for t in outs):
             own = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t) for t in outs]
