@@ -94,10 +94,10 @@ def test_every_shipped_cuda_source_compiles(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("program, defines", [("gemm_variants.cu", []), ("conv_check.cu", ["-DCHECK=conv2d"]),
                                               ("conv_check.cu", ["-DCHECK=relu_bias"]),
-                                              ("conv_check.cu", ["-DCHECK=bn_relu"])])
+                                              ("conv_check.cu", ["-DCHECK=bn_relu"]), ("stream_variants.cu", [])])
 def test_kernel_check_programs_build_against_the_shipped_headers(tmp_path, program, defines):
-    """benchmarks/*.cu include the solutions' kernels: a change to a shared header that breaks them
-    shows here, not at the next GPU session."""
+    """The sweep and check programs of benchmarks/*.cu build; most include the solutions' kernels, so
+    a change to a shared header that breaks them shows here, not at the next GPU session."""
     out = tmp_path / "prog"
     cmd = ["nvcc", "-O1", "-std=c++17", "-arch=sm_90", *defines, "-o", str(out), str(ROOT / "benchmarks" / program)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

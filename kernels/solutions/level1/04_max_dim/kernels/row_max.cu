@@ -38,8 +38,8 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     for (int w = 1; w < NT / 32; ++w) m = fmaxf(m, sh[w]);
     return m;
 }
-__device__ __forceinline__ float4 ld4(const float* p) { return __ldcs(reinterpret_cast<const float4*>(p)); }
-__device__ __forceinline__ void st4(float* p, float4 v) { __stcs(reinterpret_cast<float4*>(p), v); }
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 namespace {
@@ -57,12 +57,12 @@ __global__ void __launch_bounds__(NT, 8) row_max_kernel(float* __restrict__ out,
         const int64_t n = (cols >> 2) - threadIdx.x;  // float4s left from p onwards, strided by NT
         int64_t i = 0;
         for (; i + 3 * NT < n; i += 4 * NT) {
-            const float4 a = __ldcs(p + i), b = __ldcs(p + i + NT);
-            const float4 c = __ldcs(p + i + 2 * NT), d = __ldcs(p + i + 3 * NT);
+            const float4 a = p[i], b = p[i + NT];
+            const float4 c = p[i + 2 * NT], d = p[i + 3 * NT];
             m = fmaxf(m, fmaxf(fmaxf(max4(a), max4(b)), fmaxf(max4(c), max4(d))));
         }
         for (; i < n; i += NT) {
-            m = fmaxf(m, max4(__ldcs(p + i)));
+            m = fmaxf(m, max4(p[i]));
         }
     } else {
         for (int64_t i = threadIdx.x; i < cols; i += NT) m = fmaxf(m, xr[i]);

@@ -16,10 +16,10 @@ namespace {
 constexpr int NT = 256, U = 8;
 
 __device__ __forceinline__ void load(const float* p, float (&f)[4]) {
-    const float4 v = __ldcs(reinterpret_cast<const float4*>(p));
+    const float4 v = *reinterpret_cast<const float4*>(p);
     f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
 }
-__device__ __forceinline__ void load(const float* p, float (&f)[1]) { f[0] = __ldcs(p); }
+__device__ __forceinline__ void load(const float* p, float (&f)[1]) { f[0] = *p; }
 
 template <int VEC>
 __global__ void __launch_bounds__(NT, 4)
