@@ -2,6 +2,9 @@
 
     python jobs/train.py --config configs/train/default.yaml --out runs/default
         here: one trainer process, its episodes scored by this machine's sandboxed workers
+    torchrun --nproc-per-node 2 jobs/train.py --config C --out RUN
+        trainer processes as torchrun starts them (e.g. the stages of policy.parallel.pipeline),
+        each scoring its own episodes with this machine's sandboxed workers
     mpirun -n 4 python -m mpi4py jobs/train.py --config C --out RUN --pool [--trainers T]
     srun --mpi=pmix python -m mpi4py jobs/train.py ... --pool      (slurm_templates/train.sbatch)
         one job, two roles: T trainer ranks (torch.distributed: policy.parallel.tensor x data

@@ -115,17 +115,15 @@ def test_a_row_generates_alike_alone_and_in_a_padded_batch(parallel):  # noqa: F
 
 
 def test_what_the_static_decoder_refuses(parallel, monkeypatch):  # noqa: F811
-    from megatron.core import parallel_state
-
     cfg, net = _policy()
     with pytest.raises(ValueError, match="needs a megatron GPTModel"):
         generate(Scripted([[65]], cfg.padded_vocab_size), cfg, TOK, [[65]], GREEDY, decoder="static")
     with pytest.raises(ValueError, match="decoder must be one of"):
         generate(net, cfg, TOK, PROMPTS, GREEDY, decoder="vllm")
-    monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_world_size", lambda: 2)
-    with pytest.raises(ValueError, match="StaticDecoder: needs pipeline-parallel size 1"):
+    monkeypatch.setattr(net.config, "pipeline_model_parallel_size", 2)    # a pipeline stage, not a replica
+    with pytest.raises(ValueError, match="StaticDecoder: needs the whole model in one stage"):
         StaticDecoder(net, cfg, 2, 16)
-    assert decode.unsupported(net) == "needs pipeline-parallel size 1"
+    assert decode.unsupported(net) == "needs the whole model in one stage"
 
 
 @pytest.mark.gpu

@@ -51,7 +51,8 @@ def _run(args: list[str], timeout: float = 900, env: dict | None = None) -> subp
     ({"rollout": {"concurency": 2}}, "rollout.concurency"),
     ({"tokenizer": "bpe:12"}, "config tokenizer: bpe:N needs a vocabulary size"),
     ({"agent": {"max_context_tokens": 4096, "max_response_tokens": 256}}, "exceeds policy.max_seq_len"),
-    ({"policy": {"preset": "tiny", "parallel": {"pipeline": 2}}}, "config policy.parallel.pipeline"),
+    ({"policy": {"preset": "tiny", "parallel": {"pipeline": 2, "tensor": 2}}}, "config policy.parallel.pipeline"),
+    ({"policy": {"preset": "tiny", "parallel": {"microbatches": -1}}}, "config policy.parallel.microbatches"),
     ({"rl": {"ppo_epochs": 0}}, "config rl.ppo_epochs: must be an integer >= 1, got 0"),
     ({"rl": {"minibatches": 2.5}}, "config rl.minibatches: expected int, got float 2.5"),
     ({"rl": {"minibatches": 32}}, "config rl.minibatches: 32 minibatches, but stages[2] samples 16 episodes"),
@@ -266,6 +267,40 @@ def test_a_reward_rank_killed_during_training_loses_no_sample_and_the_job_ends(t
     assert [s["scored"] for s in main["steps"]] == [s["samples"] for s in main["steps"]] == [2]
     assert main["pools"][0]["workers"] == 2 and scaling["pools"][0]["workers"] == 1
     assert figures["params"] > 0 and main["steps"][0]["update_tokens_per_s"] > 0
+
+
+def test_pipeline_parallel_training_runs_end_to_end_under_torchrun(tmp_path):
+    """Two trainer processes as one pipeline of two stages (torchrun; each scores its share of the
+    episodes with its own evaluator): SFT, then a PPO step whose rollout the stages split. The
+    results file has the rows, metrics and trajectories a one-stage run of the config writes,
+    and the checkpoint is the pipelined one."""
+    import json
+
+    from jobs.train import train
+    from hpc.results.training import read_steps, read_trajectories
+
+    stages = [{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
+              {"name": "ppo", "kind": "ppo", "steps": 1}]
+    one = small_config(tmp_path, stages=stages)
+    train(str(one), str(tmp_path / "one"), quiet=True)
+    two = tmp_path / "pp"
+    two.mkdir()
+    small_config(two, stages=stages, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}})
+    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "jobs/train.py",
+                "--config", str(two / "train.yaml"), "--out", str(two / "run")], timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rows, reference = read_steps(two / "run" / "train.h5"), read_steps(tmp_path / "one" / "train.h5")
+    assert [r["stage"] for r in rows] == [r["stage"] for r in reference] == ["warmup_sft", "warmup_sft", "ppo"]
+    for row, ref in zip(rows, reference):
+        assert row.keys() == ref.keys()
+        assert all(math.isfinite(row[k]) == math.isfinite(ref[k]) for k in ref if isinstance(ref[k], float)), (row, ref)
+    assert rows[-1]["samples"] == reference[-1]["samples"] == 2 and rows[-1]["optimizer_steps"] == 1
+    assert rows[-1]["value_loss"] > 0 and rows[-1]["update_tokens"] > 0
+    trajectories = read_trajectories(two / "run" / "train.h5", step=3)
+    assert len(trajectories) == 2 and all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
+    meta = json.loads((two / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())
+    assert meta["pipeline_parallel"] == 2, meta
+    assert out.stdout.count("stage ppo: ppo") == 2      # both stages' ranks train it
 
 
 def test_submitit_runs_the_job_and_resumes_the_run(tmp_path):

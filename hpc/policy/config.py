@@ -28,6 +28,7 @@ class ParallelSizes:
 
     tensor: int = 1
     pipeline: int = 1
+    microbatches: int = 0      # a training step's parts through the pipeline schedule; 0: one per stage
 
 
 @dataclass
@@ -115,6 +116,8 @@ class PolicyModelConfig:
         tp, pp = self.parallel.tensor, self.parallel.pipeline
         if tp < 1 or pp < 1:
             raise UserError(f"config policy.parallel: sizes must be >= 1, got tensor={tp} pipeline={pp}")
+        if self.parallel.microbatches < 0:
+            raise UserError(f"config policy.parallel.microbatches: must be >= 0, got {self.parallel.microbatches}")
         for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size", "padded_vocab_size"):
             if getattr(self, key) % tp:
                 name = "vocab_multiple" if key == "padded_vocab_size" else key

@@ -14,13 +14,16 @@ CUDA each of these raises. `apply()` redirects exactly those calls to the CPU:
   embedding `.cuda()` before all-reducing it with the first stage's: that one method runs with
   `Tensor.cuda` returning the tensor itself;
 - the causal mask megatron's DotProductAttention builds when given no mask (`forward_mask`
-  gives none for a right-padded batch) is built on the CPU rather than on "cuda".
+  gives none for a right-padded batch) is built on the CPU rather than on "cuda";
+- megatron's non-interleaved pipeline schedule (the trainer's under pipeline parallelism)
+  allocates its token counter with `device="cuda"`: while it runs, `torch.zeros` puts a
+  tensor asked for on "cuda" on the CPU.
 
 On a machine with CUDA `apply()` changes nothing. `init_parallel` applies it and `teardown`
 removes it (`restore()`), so the rest of a process (other tests, the evaluator) sees torch as
 it was. What it does not cover (megatron's pipeline schedules, DDP and distributed optimizer,
-fused kernels, sequence parallel) is listed in docs/policy.md; the policy code keeps away
-from those on CPU.
+fused kernels, sequence parallel, the interleaved schedule) is listed in docs/policy.md; the
+policy code keeps away from those on CPU.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def apply() -> bool:
     if not needed():
         return False
     import megatron.core.fusions.fused_softmax as fused_softmax
+    import megatron.core.pipeline_parallel.schedules as schedules
     import megatron.core.tensor_parallel.random as mrandom
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
@@ -71,6 +75,8 @@ def apply() -> bool:
         (LanguageModule, "setup_embeddings_and_output_layer"):
             _on_cpu(LanguageModule.setup_embeddings_and_output_layer),
         (fused_softmax, "get_default_causal_mask"): _default_causal_mask,
+        (schedules, "forward_backward_pipelining_without_interleaving"):
+            _zeros_on_cpu(schedules.forward_backward_pipelining_without_interleaving),
     }
     for (owner, name), value in patches.items():
         _originals[(owner, name)] = getattr(owner, name)
@@ -119,4 +125,21 @@ def _on_cpu(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(*args, **kwargs)
         finally:
             torch.Tensor.cuda = cuda
+    return wrapper
+
+
+def _zeros_on_cpu(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` with `torch.zeros(..., device="cuda")` allocating on the CPU while it runs."""
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        zeros = torch.zeros
+
+        def cpu_zeros(*size: Any, device: Any = None, **options: Any) -> torch.Tensor:
+            return zeros(*size, device="cpu" if str(device).startswith("cuda") else device, **options)
+
+        torch.zeros = cpu_zeros
+        try:
+            return function(*args, **kwargs)
+        finally:
+            torch.zeros = zeros
     return wrapper

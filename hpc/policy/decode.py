@@ -35,13 +35,12 @@ _MASKED = -1e30
 
 def unsupported(model: torch.nn.Module) -> str | None:
     """Why `StaticDecoder` cannot run `model` on this rank, or None when it can."""
-    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    if ps.get_pipeline_model_parallel_world_size() != 1:
-        return "needs pipeline-parallel size 1"
     if not isinstance(model, GPTModel):
         return f"needs a megatron GPTModel, got {type(model).__name__}"
+    if model.config.pipeline_model_parallel_size != 1:
+        return "needs the whole model in one stage"
     if not all(isinstance(layer.input_layernorm, ActivationDtypeRMSNorm) for layer in model.decoder.layers):
         return "needs megatron's local layer spec (not Transformer Engine's)"
     if model.config.add_bias_linear or model.config.rotary_interleaved or model.config.sequence_parallel:

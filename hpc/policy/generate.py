@@ -204,7 +204,8 @@ class _StaticForward:
 def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], params: SamplingParams, *, decoder: str = "auto",
              cuda_graphs: bool = True) -> list[Completion]:
-    """Sample a completion for each prompt (token ids) with the single-stage policy `model`.
+    """Sample a completion for each prompt (token ids) with the single-stage policy `model` (under
+    pipeline parallelism, a whole replica of it).
 
     Collective over the tensor-parallel group: every TP rank calls it with the same prompts.
     `decoder`: "static" (`StaticDecoder`; refused where it cannot run), "megatron" (megatron's
@@ -216,8 +217,9 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
     params.validate()
     if decoder not in DECODERS:
         raise ValueError(f"generate: decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
-    if ps.get_pipeline_model_parallel_world_size() != 1:
-        raise ValueError("generate: needs pipeline-parallel size 1 (shard the policy with TP instead)")
+    if getattr(getattr(model, "config", None), "pipeline_model_parallel_size", 1) != 1:
+        raise ValueError("generate: needs the whole model in one stage (under pipeline parallelism, "
+                         "hpc.policy.model.build_replica)")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("generate: every prompt needs at least one token")
     batch, width = len(prompts), max(len(p) for p in prompts)

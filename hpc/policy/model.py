@@ -40,8 +40,9 @@ def _have_te() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
 
 
-def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
-    """The megatron TransformerConfig for `cfg` under the current parallel_state."""
+def transformer_config(cfg: PolicyModelConfig, whole: bool = False) -> TransformerConfig:
+    """The megatron TransformerConfig for `cfg` under the current parallel_state (`whole`: for
+    one stage holding every layer, whatever the pipeline size: `build_replica`)."""
     from megatron.core import parallel_state
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -49,7 +50,7 @@ def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
     bf16 = cfg.torch_dtype_name(cuda) == "bf16"
     dtype = torch.bfloat16 if bf16 else torch.float32
     fused = cfg.fusions_on(cuda)
-    return TransformerConfig(
+    config = TransformerConfig(
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.num_query_groups,
         ffn_hidden_size=cfg.ffn_hidden_size, kv_channels=cfg.kv_channels,
@@ -59,7 +60,7 @@ def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
         hidden_dropout=0.0, attention_dropout=0.0,
         bf16=bf16, params_dtype=dtype, pipeline_dtype=dtype, attention_softmax_in_fp32=True,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
-        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        pipeline_model_parallel_size=1 if whole else parallel_state.get_pipeline_model_parallel_world_size(),
         use_cpu_initialization=not cuda,
         # SwiGLU and bias-dropout-add through megatron's torch.compile'd functions when `fused`;
         # the other fusions need Apex or Transformer Engine kernels.
@@ -67,6 +68,11 @@ def transformer_config(cfg: PolicyModelConfig) -> TransformerConfig:
         persist_layer_norm=False, gradient_accumulation_fusion=False, apply_rope_fusion=False,
         cross_entropy_loss_fusion=False,
     )
+    # Pipeline microbatches are a batch's rows cut to their own longest sequence (`hpc.rl.staged`):
+    # the schedule sends each activation's shape ahead of it. Set after construction, whose check
+    # of the flag concerns MoE token dispatchers only (it refuses the default one, unused here).
+    config.variable_seq_lengths = True
+    return config
 
 
 class ActivationDtypeRMSNorm(torch.nn.RMSNorm):
@@ -191,18 +197,24 @@ def _check_parallel(cfg: PolicyModelConfig) -> None:
     cfg.validate(world_size=torch.distributed.get_world_size())
 
 
-def _gpt(cfg: PolicyModelConfig, post_process: bool, tie: bool) -> GPTModel:
+def _gpt(cfg: PolicyModelConfig, post_process: bool, tie: bool, whole: bool = False) -> GPTModel:
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
+    from megatron.core.process_groups_config import ProcessGroupCollection
 
-    config = transformer_config(cfg)
+    config = transformer_config(cfg, whole)
+    groups = None
+    if whole:   # no pipeline or embedding group: every layer here, the tied weight one tensor
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        groups.pp = groups.embd = None
     model = GPTModel(
         config=config, transformer_layer_spec=decoder_spec(cfg, config),
         vocab_size=cfg.padded_vocab_size, max_sequence_length=cfg.max_seq_len,
-        pre_process=parallel_state.is_pipeline_first_stage(), post_process=post_process,
+        pre_process=whole or parallel_state.is_pipeline_first_stage(), post_process=post_process,
         parallel_output=True, share_embeddings_and_output_weights=tie,
         position_embedding_type="rope", rotary_base=cfg.rope_base,
-        rope_scaling=cfg.rope_scaling_factor > 0, rope_scaling_factor=cfg.rope_scaling_factor or 8.0)
+        rope_scaling=cfg.rope_scaling_factor > 0, rope_scaling_factor=cfg.rope_scaling_factor or 8.0,
+        pg_collection=groups)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
@@ -214,6 +226,39 @@ def build_policy(cfg: PolicyModelConfig) -> GPTModel:
 
     _check_parallel(cfg)
     return _gpt(cfg, post_process=parallel_state.is_pipeline_last_stage(), tie=cfg.tie_embeddings)
+
+
+def build_replica(cfg: PolicyModelConfig) -> GPTModel:
+    """The whole policy in this process whatever the pipeline size (every layer, the embedding
+    and the output layer; tensor-parallel size 1), outside the pipeline: what a trainer samples
+    from under pipeline parallelism, its weights gathered from the stages by `load_stages`.
+    Random until then."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_tensor_model_parallel_world_size() != 1:
+        raise ValueError("build_replica: needs tensor-parallel size 1")
+    return _gpt(cfg, post_process=True, tie=cfg.tie_embeddings, whole=True)
+
+
+def load_stages(replica: GPTModel, stage: GPTModel) -> None:
+    """Copy the pipeline stages' weights (each rank's `stage`) into every rank's `replica`
+    (`build_replica`); collective over the pipeline group. A stage's layer i is the model's
+    layer `layer_number - 1`; the last stage's copy of a tied output weight is the first
+    stage's embedding, which the replica holds once."""
+    from megatron.core import parallel_state as ps
+
+    layers = {str(i): str(layer.layer_number - 1) for i, layer in enumerate(stage.decoder.layers)}
+    local = {}
+    for key, value in stage.state_dict().items():
+        if key.startswith("decoder.layers."):
+            index, _, rest = key.removeprefix("decoder.layers.").partition(".")
+            key = f"decoder.layers.{layers[index]}.{rest}"
+        local[key] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
+    parts: list = [None] * ps.get_pipeline_model_parallel_world_size()
+    torch.distributed.all_gather_object(parts, local, group=ps.get_pipeline_model_parallel_group())
+    wanted = replica.state_dict()
+    merged = {key: value for part in parts for key, value in part.items() if key in wanted}
+    replica.load_state_dict(merged)
 
 
 class CriticModel(torch.nn.Module):
@@ -232,6 +277,8 @@ class CriticModel(torch.nn.Module):
 
         self.cfg = cfg
         self.trunk = _gpt(cfg, post_process=False, tie=False)
+        # What megatron's pipeline schedules read from the model they run.
+        self.config, self.model_type = self.trunk.config, self.trunk.model_type
         self.post_process = parallel_state.is_pipeline_last_stage()
         if self.post_process:
             tc = self.trunk.config
@@ -597,8 +644,14 @@ def sequence_logprobs(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: to
         hidden = hidden_states(model, tokens, pad_mask)[:-1]
         return _LinearLogprobsEntropy.apply(hidden, weight, targets, vocab_size, entropy)
     logits = forward_logits(model, tokens, pad_mask)
-    if logits is None:
-        return None
+    return None if logits is None else logits_logprobs(logits, tokens, vocab_size, entropy)
+
+
+def logits_logprobs(logits: torch.Tensor, tokens: torch.Tensor, vocab_size: int,
+                    entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` from the policy's gathered logits [B, S, V] of `tokens` [B, S] (what
+    the last pipeline stage computes it from)."""
+    targets = tokens[:, 1:]
     if entropy:
         return token_logprobs_and_entropy(logits[:, :-1], targets, vocab_size)
     return token_logprobs(logits[:, :-1], targets, vocab_size), None

@@ -1,10 +1,21 @@
 """The training loop: the recipe's stages in order, a metrics row per step, checkpoints, resume.
 
 One `Trainer` per trainer process. It owns the policy and the critic (megatron-core models,
-tensor-parallel over its TP group, data-parallel over the rest), their optimizers, and an
-evaluation backend that scores episodes (in this process's sandboxed workers, or on the MPI
-reward pool). Every global step is one of: an SFT step, an RL step (sample episodes, score them,
-update), a rejection-sampling round, a value-pretraining step, or a measurement.
+tensor-parallel over its TP group or pipelined over its PP group, data-parallel over the rest),
+their optimizers, and an evaluation backend that scores episodes (in this process's sandboxed
+workers, or on the MPI reward pool). Every global step is one of: an SFT step, an RL step
+(sample episodes, score them, update), a rejection-sampling round, a value-pretraining step, or
+a measurement.
+
+Under pipeline parallelism the updates run megatron's pipeline schedule (`hpc.rl.staged`), and
+rollouts sample from a whole replica of the policy on each rank of the pipeline group, its
+weights gathered from the stages before each rollout: the pipeline's ranks each play a share of
+the step's episodes and exchange the finished samples, so every rank holds the same batch. A
+pipelined decode would hold one copy of the weights, but would send each generated token's
+activations through every stage and keep the stages waiting on one another's tools; the replica
+costs one gather of the weights per rollout, and its ranks sample, and run tools, in parallel.
+It holds the whole model's weights on each rank, but no gradients or optimizer state, which are
+most of what the stages split.
 
 Reproducible resume: each step's tasks and sampling seeds are functions of (seed, step), and
 a checkpoint holds the models, the optimizers, the rejection-sampled data and the position in
@@ -35,10 +46,12 @@ from hpc.agent.episode import Episode
 from hpc.errors import UserError
 from hpc.policy.chat import ChatFormat, chat_format
 from hpc.policy.generate import SamplingParams
+from hpc.policy.model import load_stages
 from hpc.policy.tokenizer import Tokenizer, load_tokenizer, train_bpe
 from hpc.rl.batch import RolloutBatch, pack
 from hpc.rl.demonstrations import Demonstration, demonstrations
-from hpc.rl.rollout import Sample, rollout
+from hpc.rl.rollout import RolloutStats, Sample, rollout
+from hpc.rl.staged import pipeline_gather
 from hpc.rl.supervised import reference_logprobs, sft_step, value_step
 from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config, train_config_dict
 from hpc.rl.update import ppo_epochs
@@ -194,7 +207,8 @@ class Trainer:
         from hpc.policy.parallel import init_parallel
 
         self.cfg, self.out, self.backend, self.log = cfg, Path(out), backend, log
-        self.layout = init_parallel(tensor=cfg.policy.parallel.tensor, seed=cfg.seed)
+        self.layout = init_parallel(tensor=cfg.policy.parallel.tensor, pipeline=cfg.policy.parallel.pipeline,
+                                    seed=cfg.seed)
         self.is_writer = self.layout.rank == 0
         self.device = torch.device(self.layout.device)
         self.dp = DataParallel()
@@ -249,7 +263,7 @@ class Trainer:
         if init is not None and (init / "config.json").exists():
             from hpc.policy.hf_convert import hf_policy_config
 
-            mcfg = hf_policy_config(init, tensor=cfg.policy.parallel.tensor)
+            mcfg = hf_policy_config(init, tensor=cfg.policy.parallel.tensor, pipeline=cfg.policy.parallel.pipeline)
         else:
             mcfg = copy.deepcopy(cfg.policy)
             if init is None:
@@ -277,6 +291,9 @@ class Trainer:
                                                      weight_decay=0.0), self.dp)
         self.critic_opt = _Averaged(torch.optim.AdamW(self.critic.parameters(), lr=cfg.rl.critic_lr,
                                                       weight_decay=0.0), self.dp)
+        pipeline = self.layout.pp_size
+        self.microbatches = mcfg.parallel.microbatches or pipeline
+        self.replica = model.build_replica(mcfg).to(self.device) if pipeline > 1 else None
 
     def _frozen_copy(self) -> torch.nn.Module:
         """A second policy holding the current weights, without gradients (megatron modules hold
@@ -430,7 +447,7 @@ class Trainer:
         batch = pack([r[0] for r in rows], [r[1] for r in rows], [[0.0] * len(r[0]) for r in rows],
                      [0.0] * len(rows), self.tokenizer.pad_id, self.device)
         t0 = time.monotonic()
-        loss = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size)
+        loss = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size, self.microbatches)
         return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows), "optimizer_steps": 1,
                 "update_tokens": _tokens(batch)}
 
@@ -438,7 +455,7 @@ class Trainer:
         rows = self._minibatch(self.rft_samples, stage.batch_size, 2)
         batch = _batch(rows, self.tokenizer.pad_id, self.device)
         t0 = time.monotonic()
-        loss, ev = value_step(self.critic, self.critic_opt, batch)
+        loss, ev = value_step(self.critic, self.critic_opt, batch, self.microbatches)
         return {"value_loss": loss, "explained_variance": ev, "update_s": time.monotonic() - t0,
                 "samples": len(rows), "optimizer_steps": 1}
 
@@ -455,22 +472,32 @@ class Trainer:
         tasks = self._step_tasks()
         folder = self.out / "episodes" / f"step_{self.position.step + 1:06d}_rank{self.layout.rank}"
         shutil.rmtree(folder, ignore_errors=True)
-        episodes, groups = [], []
+        # Under pipeline parallelism each stage's rank plays every pp-th episode on the replica.
+        pp, stage = self.layout.pp_size, self.layout.pp_rank
+        plays = [(g, k) for g in range(len(tasks)) for k in range(group)][stage::pp]
         count = lambda text: len(self.tokenizer.encode(text))  # noqa: E731
-        for g, task in enumerate(tasks):
-            for k in range(group):
-                episodes.append(Episode(task, self.backend, agent, folder / f"{g:03d}_{k:03d}", count_tokens=count,
-                                        system_in_context=cfg.include_system))
-                groups.append(g)
+        episodes = [Episode(tasks[g], self.backend, agent, folder / f"{g:03d}_{k:03d}", count_tokens=count,
+                            system_in_context=cfg.include_system) for g, k in plays]
         params = SamplingParams(max_new_tokens=agent.max_response_tokens, temperature=cfg.rollout.temperature,
-                                top_p=cfg.rollout.top_p, seed=self._rng(4).randrange(1 << 30))
+                                top_p=cfg.rollout.top_p, seed=self._rng(4).randrange(1 << 30) + 7907 * stage)
+        if self.replica is not None:
+            load_stages(self.replica, self.policy)
         try:
-            samples, stats = rollout(self.policy, self.model_cfg, self.fmt, episodes, groups, params,
-                                     cfg.rollout.concurrency)
+            samples, stats = rollout(self.replica or self.policy, self.model_cfg, self.fmt, episodes,
+                                     [g for g, _ in plays], params, cfg.rollout.concurrency)
         finally:
             for e in episodes:
                 e.close()
             shutil.rmtree(folder, ignore_errors=True)
+        if pp > 1:
+            shares = pipeline_gather((samples, stats))
+            samples = [None] * sum(len(part) for part, _ in shares)
+            for r, (part, _) in enumerate(shares):
+                samples[r::pp] = part
+            stats = RolloutStats(generation_s=max(s.generation_s for _, s in shares),
+                                 tools_s=max(s.tools_s for _, s in shares),
+                                 generated_tokens=sum(s.generated_tokens for _, s in shares),
+                                 turns=max(s.turns for _, s in shares))
         everything = self.dp.gather([_outcome(s, cfg.eval.reward.margin) for s in samples])
         rewards = [o["reward"] for o in everything]
         metrics: dict[str, Any] = {
@@ -496,7 +523,7 @@ class Trainer:
         stats = ppo_epochs(self.policy, self.actor_opt, batch, rl, self.model_cfg.vocab_size,
                            critic=self.critic if rl.algorithm == "ppo" else None,
                            critic_opt=self.critic_opt if rl.algorithm == "ppo" else None, ref_logprobs=ref,
-                           rng=self._rng(5))
+                           rng=self._rng(5), microbatches=self.microbatches)
         out = stats.as_dict()
         out.pop("reward_mean")
         out["update_tokens"] = _tokens(batch) * rl.ppo_epochs   # each epoch passes the batch once, in minibatches

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -25,6 +26,7 @@ from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_
 from hpc.rl.batch import RolloutBatch
 from hpc.rl.config import RLConfig
 from hpc.rl.losses import explained_variance, kl_penalty, policy_loss, value_loss
+from hpc.rl.staged import critic_outputs, evaluate, policy_outputs, train_pass
 
 
 @dataclass
@@ -60,19 +62,8 @@ class EpochsStats:
         return {**self.mean.as_dict(), "optimizer_steps": self.optimizer_steps}
 
 
-def _policy_logprobs(policy: torch.nn.Module, batch: RolloutBatch,
-                     vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T-1] log-probs of the batch's targets and the entropy at each position (in the loss
-    for the entropy bonus, a metric otherwise: one pass gives both)."""
-    from hpc.policy.model import sequence_logprobs
-
-    return sequence_logprobs(policy, batch.tokens, batch.pad_mask, vocab_size, entropy=True)
-
-
 def _critic_values(critic: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
-    from hpc.policy.model import staged_forward
-
-    return staged_forward(critic, batch.tokens, batch.pad_mask)[:, :-1]
+    return evaluate(critic, batch, critic_outputs())[0]
 
 
 def advantages(batch: RolloutBatch, cfg: RLConfig, critic: torch.nn.Module | None) -> tuple:
@@ -83,8 +74,7 @@ def advantages(batch: RolloutBatch, cfg: RLConfig, critic: torch.nn.Module | Non
         return broadcast_to_tokens(per_seq, mask), None, None
     if critic is None:
         raise ValueError("ppo needs a critic (or set rl.algorithm: grpo)")
-    with torch.no_grad():
-        values = _critic_values(critic, batch)
+    values = _critic_values(critic, batch)
     adv, returns = gae(last_token_rewards(batch.rewards, mask), values, mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
         # Without it a batch of mostly failures pushes down the tokens all samples share.
@@ -95,43 +85,52 @@ def advantages(batch: RolloutBatch, cfg: RLConfig, critic: torch.nn.Module | Non
 def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: RolloutBatch, cfg: RLConfig,
            vocab_size: int, critic: torch.nn.Module | None = None,
            critic_opt: torch.optim.Optimizer | None = None,
-           ref_logprobs: torch.Tensor | None = None, targets: tuple | None = None) -> UpdateStats:
+           ref_logprobs: torch.Tensor | None = None, targets: tuple | None = None,
+           microbatches: int = 1) -> UpdateStats:
     """One optimizer step of the policy (and, for PPO, of the critic) on `batch`. `targets`: what
     `advantages` gave for these rows (a minibatch's share of the whole batch's); None: computed
-    from `batch` here."""
+    from `batch` here. `microbatches`: the parts of `batch` a pipeline schedule passes
+    (`hpc.rl.staged`; one stage takes the batch at once)."""
     mask = batch.action_mask
     adv, returns, old_values = advantages(batch, cfg, critic) if targets is None else targets
 
+    def actor_loss(out: tuple, cut: Callable[[torch.Tensor], torch.Tensor]) -> tuple:
+        logp, entropy = out
+        loss, pstats = policy_loss(logp, cut(batch.old_logprobs), cut(adv), cut(mask), cfg.clip_low, cfg.clip_high)
+        kl = torch.zeros(())
+        if ref_logprobs is not None:
+            kl = masked_mean(kl_penalty(logp, cut(ref_logprobs), cfg.kl_kind), cut(mask))
+            if cfg.kl_coef > 0:
+                loss = loss + cfg.kl_coef * kl
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * masked_mean(entropy, cut(mask))
+        return loss, pstats, kl
+
     policy.train()
-    logp, entropy = _policy_logprobs(policy, batch, vocab_size)
-    loss, pstats = policy_loss(logp, batch.old_logprobs, adv, mask, cfg.clip_low, cfg.clip_high)
-    kl = torch.zeros(())
-    if ref_logprobs is not None:
-        kl = masked_mean(kl_penalty(logp, ref_logprobs, cfg.kl_kind), mask)
-        if cfg.kl_coef > 0:
-            loss = loss + cfg.kl_coef * kl
-    if cfg.entropy_coef > 0:
-        loss = loss - cfg.entropy_coef * masked_mean(entropy, mask)
     actor_opt.zero_grad(set_to_none=True)
-    loss.backward()
+    logp, entropy = train_pass(policy, batch, policy_outputs(vocab_size, entropy=True),
+                               lambda out, cut: actor_loss(out, cut)[0], microbatches)
     actor_opt.step()
+    with torch.no_grad():    # of the whole batch, the same on every rank
+        loss, pstats, kl = actor_loss((logp, entropy), lambda x: x)
 
     vloss, ev = torch.zeros(()), float("nan")
     if cfg.algorithm == "ppo":
         if critic_opt is None:
             raise ValueError("ppo needs the critic's optimizer")
         critic.train()
-        values = _critic_values(critic, batch)
-        vloss = value_loss(values, old_values, returns, mask, cfg.value_clip)
         critic_opt.zero_grad(set_to_none=True)
-        vloss.backward()
+        critic_loss = lambda out, cut: value_loss(out[0], cut(old_values), cut(returns), cut(mask),  # noqa: E731
+                                                  cfg.value_clip)
+        values = train_pass(critic, batch, critic_outputs(), critic_loss, microbatches)
         critic_opt.step()
+        vloss = critic_loss(values, lambda x: x)
         ev = explained_variance(old_values, returns, mask)
     with torch.no_grad():
         ent = float(masked_mean(entropy, mask))
-    return UpdateStats(policy_loss=float(loss.detach()), value_loss=float(vloss.detach()),
+    return UpdateStats(policy_loss=float(loss), value_loss=float(vloss),
                        clip_fraction=pstats.clip_fraction, approx_kl=pstats.approx_kl,
-                       kl_to_reference=float(kl.detach()), entropy=ent,
+                       kl_to_reference=float(kl), entropy=ent,
                        explained_variance=ev, advantage_mean=float(masked_mean(adv, mask)),
                        reward_mean=float(batch.rewards.mean()))
 
@@ -157,12 +156,13 @@ def minibatch_rows(n: int, minibatches: int, rng: random.Random) -> list[list[in
 def ppo_epochs(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: RolloutBatch, cfg: RLConfig,
                vocab_size: int, critic: torch.nn.Module | None = None,
                critic_opt: torch.optim.Optimizer | None = None, ref_logprobs: torch.Tensor | None = None,
-               rng: random.Random | None = None) -> EpochsStats:
+               rng: random.Random | None = None, microbatches: int = 1) -> EpochsStats:
     """The update of one rollout batch: `cfg.ppo_epochs` x `cfg.minibatches` optimizer steps of
     the policy (and the critic for ppo). Advantages, returns and the critic's values come from the
     whole batch before the first step (GRPO's groups and the whitening see every row); each pass
     shuffles the rows with `rng` (the trainer's seeded one: reproducible) and steps on each part,
-    the ratio against the sampler's log-probs. With 1 x 1 this is `update(...)` on the batch."""
+    the ratio against the sampler's log-probs. With 1 x 1 this is `update(...)` on the batch.
+    `microbatches`: each step's pipeline microbatches (`update`)."""
     rng = rng if rng is not None else random.Random(0)
     if len(batch) < cfg.minibatches:
         raise ValueError(f"rl.minibatches {cfg.minibatches}: the batch has only {len(batch)} rows")
@@ -174,7 +174,8 @@ def ppo_epochs(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch:
             index, width = torch.as_tensor(rows, device=batch.tokens.device), part.tokens.shape[1] - 1
             cut = lambda x: None if x is None else x[index, :width]  # noqa: E731
             steps.append(update(policy, actor_opt, part, cfg, vocab_size, critic=critic, critic_opt=critic_opt,
-                                ref_logprobs=cut(ref_logprobs), targets=tuple(cut(x) for x in targets)))
+                                ref_logprobs=cut(ref_logprobs), targets=tuple(cut(x) for x in targets),
+                                microbatches=microbatches))
     mean = UpdateStats(**{f.name: sum(getattr(s, f.name) for s in steps) / len(steps) for f in fields(UpdateStats)})
     adv, returns, values = targets
     mask = batch.action_mask
