@@ -303,6 +303,27 @@ def test_pipeline_parallel_training_runs_end_to_end_under_torchrun(tmp_path):
     assert out.stdout.count("stage ppo: ppo") == 2      # both stages' ranks train it
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")
+def test_pipeline_parallel_training_with_the_reward_pool_under_mpirun(tmp_path):
+    """Two trainer ranks as the two stages of one pipeline, each with its worker rank: each stage's
+    rank plays its share of the PPO step's episodes and its own pool scores them."""
+    from hpc.results.training import read_steps, read_trajectories
+
+    config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}},
+                          stages=[{"name": "warmup_sft", "kind": "sft", "steps": 1, "batch_size": 2},
+                                  {"name": "ppo", "kind": "ppo", "steps": 1}])
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    out = _run(["mpirun", "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
+                "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run"), "--pool", "--trainers", "2"],
+               timeout=900, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    steps = read_steps(tmp_path / "run" / "train.h5")
+    assert [r["stage"] for r in steps] == ["warmup_sft", "ppo"] and steps[-1]["samples"] == 2
+    assert len(read_trajectories(tmp_path / "run" / "train.h5", step=2)) == 2
+    for rank in (0, 1):
+        assert f"reward pool of trainer rank {rank}: 1 answered by 1 worker rank(s)" in out.stdout, out.stdout
+
+
 def test_submitit_runs_the_job_and_resumes_the_run(tmp_path):
     """--submit (local executor without Slurm) runs the Checkpointable job; submitting the same
     run again resumes it from its last checkpoint and trains nothing twice."""
