@@ -49,15 +49,7 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                                          \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__,     \
-                         __LINE__, #x);                                                                \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
+#include "cuda_check.h"
 
 namespace {
 

@@ -43,6 +43,14 @@ def _run(args: list[str], timeout: float = 900, env: dict | None = None) -> subp
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
+def _train_under_mpirun(ranks: int, config: Path, out: Path, *flags: str,
+                        timeout: float = 900) -> subprocess.CompletedProcess:
+    """`jobs/train.py --pool` on `ranks` MPI ranks, oversubscribed and unbound (2 cores here)."""
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    return _run(["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
+                 "jobs/train.py", "--config", str(config), "--out", str(out), "--pool", *flags], timeout=timeout, env=env)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"stages": [{"kind": "tune", "steps": 1}]}, "config stages[0].kind: expected one of"),
     ({"stages": [{"kind": "value", "steps": 1}]}, "config stages[0]: value on rft data needs an rft stage"),
@@ -203,9 +211,7 @@ def test_training_with_the_reward_pool_under_mpirun(tmp_path):
 
     config = small_config(tmp_path, stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
                                             {"name": "measure", "kind": "measure", "steps": 1}])
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    out = _run(["mpirun", "-n", "3", "--oversubscribe", sys.executable, "-m", "mpi4py", "jobs/train.py", "--config",
-                str(config), "--out", str(tmp_path / "run"), "--pool"], timeout=900, env=env)
+    out = _train_under_mpirun(3, config, tmp_path / "run")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     steps = read_steps(tmp_path / "run" / "train.h5")
     assert [r["stage"] for r in steps] == ["warmup_sft", "warmup_sft", "measure"]
@@ -228,10 +234,7 @@ def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path)
     config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"tensor": 2}},
                           stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
                                   {"name": "ppo", "kind": "ppo", "steps": 1}])
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    out = _run(["mpirun", "-n", "3", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
-                "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run"), "--pool", "--trainers", "2"],
-               timeout=1200, env=env)
+    out = _train_under_mpirun(3, config, tmp_path / "run", "--trainers", "2", timeout=1200)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     steps = read_steps(tmp_path / "run" / "train.h5")
     assert [r["stage"] for r in steps] == ["warmup_sft", "warmup_sft", "ppo"]
@@ -241,8 +244,7 @@ def test_tensor_parallel_training_runs_sft_and_ppo_on_a_sharded_policy(tmp_path)
     meta = json.loads((tmp_path / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())
     assert meta["tensor_parallel"] == 2 and meta["optimizer"], meta
     assert out.stdout.count("trained 3 steps") == 2      # both trainer ranks finish
-    bad = _run(["mpirun", "-n", "3", "--oversubscribe", sys.executable, "-m", "mpi4py", "jobs/train.py", "--config",
-                str(config), "--out", str(tmp_path / "bad"), "--pool", "--trainers", "3"], timeout=300, env=env)
+    bad = _train_under_mpirun(3, config, tmp_path / "bad", "--trainers", "3", timeout=300)
     assert bad.returncode != 0 and "error: --trainers 3: must be a positive multiple of policy.parallel.tensor 2" \
         in bad.stderr, bad.stderr[-2000:]
 
@@ -312,10 +314,7 @@ def test_pipeline_parallel_training_with_the_reward_pool_under_mpirun(tmp_path):
     config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}},
                           stages=[{"name": "warmup_sft", "kind": "sft", "steps": 1, "batch_size": 2},
                                   {"name": "ppo", "kind": "ppo", "steps": 1}])
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    out = _run(["mpirun", "-n", "4", "--oversubscribe", "--bind-to", "none", sys.executable, "-m", "mpi4py",
-                "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run"), "--pool", "--trainers", "2"],
-               timeout=900, env=env)
+    out = _train_under_mpirun(4, config, tmp_path / "run", "--trainers", "2")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     steps = read_steps(tmp_path / "run" / "train.h5")
     assert [r["stage"] for r in steps] == ["warmup_sft", "ppo"] and steps[-1]["samples"] == 2
