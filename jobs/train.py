@@ -105,8 +105,10 @@ def _report(out: Path) -> str:
 
 def _local(cfg, out: Path, quiet: bool) -> dict[str, Any]:
     from hpc.agent.backend import CachedBackend, LocalBackend
+    from hpc.policy.parallel import check_world, launch_env
     from hpc.sandbox.prestart import prestarted_workers
 
+    check_world(cfg.policy.parallel.tensor, cfg.policy.parallel.pipeline, launch_env().world_size)
     backend = LocalBackend(cfg.eval)
     with prestarted_workers():
         return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend, quiet)

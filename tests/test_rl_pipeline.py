@@ -1,8 +1,9 @@
-"""The RL updates across two pipeline stages (two local gloo processes) against one stage: the
-same PPO epochs (actor and critic, minibatches, KL and entropy terms), SFT and value steps on
-the same batch from the same weights give the same statistics on both ranks as at one stage and
-leave the same weights (the tied embedding's two copies included), and the whole replica that
-rollouts sample from, gathered from the updated stages, samples what the one-stage policy does.
+"""The RL updates across two pipeline stages (two local gloo processes; and four, each stage
+tensor-parallel over two) against one stage: the same PPO epochs (actor and critic,
+minibatches, KL and entropy terms), SFT and value steps on the same batch from the same weights
+give the same statistics on every rank as at one stage and leave the same weights (the tied
+embedding's two copies included), and the whole replica that rollouts sample from, gathered
+from the updated stages, samples what the one-stage policy does.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ PROMPTS = [[5, 17, 42, 9], [100], [7, 7, 7, 7, 7, 7, 7]]
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0, stop_token_ids=[])
 
 
-def _cfg(pipeline: int):
+def _cfg(pipeline: int, tensor: int = 1):
     from hpc.policy.config import policy_config
 
-    return policy_config({"max_seq_len": 64, "parallel": {"pipeline": pipeline}})     # tied embeddings
+    return policy_config({"max_seq_len": 64, "parallel": {"pipeline": pipeline, "tensor": tensor}})  # tied embeddings
 
 
 def _batch():
@@ -83,22 +84,23 @@ def _models(cfg, work: Path):
     return policy, critic
 
 
-def _worker(work: Path) -> None:
+def _worker(work: Path, tensor: int) -> None:
     from hpc.policy.parallel import current_layout, init_parallel, teardown
 
-    init_parallel(pipeline=2, seed=5)
+    init_parallel(tensor=tensor, pipeline=2, seed=5)
     rank = current_layout().rank
     try:
-        result = _exercise(*_models(_cfg(2), work), _cfg(2))
+        result = _exercise(*_models(_cfg(2, tensor), work), _cfg(2, tensor))
     except Exception:
         result = RuntimeError(traceback.format_exc())
     torch.save(result, work / f"rank{rank}.pt")
     teardown()
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One stage here (from saved random weights, a non-zero value head), then the same on two."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["pp2", "tp2xpp2"])
+def run(request, tmp_path_factory):
+    """One stage here (from saved random weights, a non-zero value head), then the same on two
+    stages of `request.param` tensor-parallel ranks each."""
     from hpc.policy import model
     from hpc.policy.checkpoint import save_checkpoint
     from hpc.policy.parallel import init_parallel, run_local, teardown
@@ -115,8 +117,9 @@ def run(tmp_path_factory):
         one = _exercise(*_models(cfg, work), cfg)
     finally:
         teardown()
-    run_local(_worker, 2, work)
-    ranks = [torch.load(work / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    tensor = request.param
+    run_local(_worker, 2 * tensor, work, tensor)
+    ranks = [torch.load(work / f"rank{r}.pt", weights_only=False) for r in range(2 * tensor)]
     for r in ranks:
         if isinstance(r, Exception):
             raise r
@@ -133,17 +136,18 @@ def _same_numbers(a: dict, b: dict, rel: float) -> None:
 
 
 def test_every_rank_reports_the_last_stage_statistics(run):
-    _, (first, last) = run
-    assert first["stats"] == last["stats"] and first["steps"] == last["steps"]
-    assert first["sft"] == last["sft"] and first["value"] == last["value"]
-    for key in ("before", "after", "values"):
-        assert torch.equal(first[key], last[key]), key
+    _, (first, *others) = run
+    for other in others:
+        assert first["stats"] == other["stats"] and first["steps"] == other["steps"]
+        assert first["sft"] == other["sft"] and first["value"] == other["value"]
+        for key in ("before", "after", "values"):
+            assert torch.equal(first[key], other[key]), key
 
 
 def test_two_stages_update_as_one_stage_does(run):
     """Losses and statistics of every step match, and the weights they leave give the same
     log-probs and values; the update moved them well beyond that tolerance."""
-    one, (two, _) = run
+    one, (two, *_) = run
     torch.testing.assert_close(two["before"], one["before"], atol=1e-5, rtol=1e-5)
     _same_numbers(one["stats"], two["stats"], rel=1e-4)
     assert len(one["steps"]) == len(two["steps"]) == 2

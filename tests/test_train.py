@@ -51,6 +51,12 @@ def _train_under_mpirun(ranks: int, config: Path, out: Path, *flags: str,
                  "jobs/train.py", "--config", str(config), "--out", str(out), "--pool", *flags], timeout=timeout, env=env)
 
 
+def _train_under_torchrun(procs: int, config: Path, out: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`jobs/train.py` as `procs` trainer processes started by torchrun, each with its own evaluator."""
+    return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+                 "jobs/train.py", "--config", str(config), "--out", str(out)], timeout=timeout)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"stages": [{"kind": "tune", "steps": 1}]}, "config stages[0].kind: expected one of"),
     ({"stages": [{"kind": "value", "steps": 1}]}, "config stages[0]: value on rft data needs an rft stage"),
@@ -59,7 +65,6 @@ def _train_under_mpirun(ranks: int, config: Path, out: Path, *flags: str,
     ({"rollout": {"concurency": 2}}, "rollout.concurency"),
     ({"tokenizer": "bpe:12"}, "config tokenizer: bpe:N needs a vocabulary size"),
     ({"agent": {"max_context_tokens": 4096, "max_response_tokens": 256}}, "exceeds policy.max_seq_len"),
-    ({"policy": {"preset": "tiny", "parallel": {"pipeline": 2, "tensor": 2}}}, "config policy.parallel.pipeline"),
     ({"policy": {"preset": "tiny", "parallel": {"microbatches": -1}}}, "config policy.parallel.microbatches"),
     ({"rl": {"ppo_epochs": 0}}, "config rl.ppo_epochs: must be an integer >= 1, got 0"),
     ({"rl": {"minibatches": 2.5}}, "config rl.minibatches: expected int, got float 2.5"),
@@ -85,6 +90,15 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == ["error: config stages[0].kind: expected one of sft, ppo, rft, value, "
                                                "measure, got 'tune'"]
+
+
+def test_a_pipeline_in_one_process_is_an_error_naming_the_key_and_exit_2(tmp_path):
+    config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}})
+    out = _run([sys.executable, "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run")], timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "error: config policy.parallel: tensor 1 x pipeline 2 does not divide the 1 trainer process(es) started"), out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr      # before any library's import warnings
 
 
 def test_a_config_with_more_minibatches_than_a_rank_has_episodes_is_an_error_and_exit_2(tmp_path):
@@ -288,8 +302,7 @@ def test_pipeline_parallel_training_runs_end_to_end_under_torchrun(tmp_path):
     two = tmp_path / "pp"
     two.mkdir()
     small_config(two, stages=stages, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}})
-    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "jobs/train.py",
-                "--config", str(two / "train.yaml"), "--out", str(two / "run")], timeout=900)
+    out = _train_under_torchrun(2, two / "train.yaml", two / "run")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     rows, reference = read_steps(two / "run" / "train.h5"), read_steps(tmp_path / "one" / "train.h5")
     assert [r["stage"] for r in rows] == [r["stage"] for r in reference] == ["warmup_sft", "warmup_sft", "ppo"]
@@ -303,6 +316,62 @@ def test_pipeline_parallel_training_runs_end_to_end_under_torchrun(tmp_path):
     meta = json.loads((two / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())
     assert meta["pipeline_parallel"] == 2, meta
     assert out.stdout.count("stage ppo: ppo") == 2      # both stages' ranks train it
+
+
+def test_a_tensor_x_pipeline_parallel_run_resumes_with_the_same_next_step(tmp_path):
+    """Four trainer processes as one pipeline of two stages, each stage tensor-parallel over two
+    (torchrun): SFT then PPO, checkpointed every 2 steps. The same run rolled back to its step-2
+    checkpoint (as if stopped before step 4's) and resumed computes steps 3-5 as the whole run did."""
+    import json
+
+    from hpc.results.training import read_steps
+
+    config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512,
+                                            "parallel": {"pipeline": 2, "tensor": 2}})
+    out = _train_under_torchrun(4, config, tmp_path / "whole", timeout=1200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    whole = read_steps(tmp_path / "whole" / "train.h5")
+    assert [r["stage"] for r in whole] == ["warmup_sft"] * 4 + ["ppo"]
+    meta = json.loads((tmp_path / "whole" / "checkpoints" / "policy" / "iter_0000005" / "hpc_policy.json").read_text())
+    assert (meta["tensor_parallel"], meta["pipeline_parallel"]) == (2, 2), meta
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "whole", cut)
+    for model in ("policy", "critic"):
+        for later in (4, 5):
+            shutil.rmtree(cut / "checkpoints" / model / f"iter_{later:07d}")
+        (cut / "checkpoints" / model / "latest").write_text("2")
+    out = _train_under_torchrun(4, config, cut, timeout=1200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.count("resumed at step 2") == 4, out.stdout[-3000:]
+    resumed = read_steps(cut / "train.h5")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    for a, b in zip(whole[:4], resumed[:4]):
+        assert b["sft_loss"] == pytest.approx(a["sft_loss"], rel=1e-5), (a, b)
+    assert whole[2]["sft_loss"] != pytest.approx(whole[1]["sft_loss"], rel=1e-3)   # the steps differ
+    assert resumed[4]["stage"] == "ppo" and resumed[4]["samples"] == whole[4]["samples"] == 2
+    assert resumed[4]["optimizer_steps"] == 1 and resumed[4]["update_tokens"] > 0
+
+
+def test_data_parallel_pipelines_split_the_episodes(tmp_path):
+    """Four trainer processes as two data-parallel replicas of a two-stage pipeline (torchrun):
+    each replica plays its share of the step's tasks, and the step reports all of them."""
+    from hpc.results.training import read_steps, read_trajectories
+
+    config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}},
+                          stages=[{"name": "warmup_sft", "kind": "sft", "steps": 1, "batch_size": 2},
+                                  {"name": "ppo", "kind": "ppo", "steps": 1}])
+    data = yaml.safe_load(config.read_text())
+    data.update(only=["level1/04_max_dim", "level1/05_softmax"])
+    data["rollout"]["tasks_per_step"] = 2
+    config.write_text(yaml.safe_dump(data))
+    out = _train_under_torchrun(4, config, tmp_path / "run", timeout=1200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    steps = read_steps(tmp_path / "run" / "train.h5")
+    assert [r["stage"] for r in steps] == ["warmup_sft", "ppo"]
+    assert steps[-1]["samples"] == 4 and steps[-1]["optimizer_steps"] == 1
+    trajectories = read_trajectories(tmp_path / "run" / "train.h5", step=2)
+    assert sorted(t["record"]["task_id"] for t in trajectories) == ["level1/04_max_dim"] * 2 + ["level1/05_softmax"] * 2
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")

@@ -229,20 +229,17 @@ def build_policy(cfg: PolicyModelConfig) -> GPTModel:
 
 
 def build_replica(cfg: PolicyModelConfig) -> GPTModel:
-    """The whole policy in this process whatever the pipeline size (every layer, the embedding
-    and the output layer; tensor-parallel size 1), outside the pipeline: what a trainer samples
-    from under pipeline parallelism, its weights gathered from the stages by `load_stages`.
-    Random until then."""
-    from megatron.core import parallel_state
-
-    if parallel_state.get_tensor_model_parallel_world_size() != 1:
-        raise ValueError("build_replica: needs tensor-parallel size 1")
+    """Every layer of the policy in this process whatever the pipeline size (the embedding and
+    the output layer too), outside the pipeline and sharded over the tensor-parallel group as the
+    stages are: what a trainer samples from under pipeline parallelism, its weights gathered from
+    the stages by `load_stages`. Random until then."""
     return _gpt(cfg, post_process=True, tie=cfg.tie_embeddings, whole=True)
 
 
 def load_stages(replica: GPTModel, stage: GPTModel) -> None:
     """Copy the pipeline stages' weights (each rank's `stage`) into every rank's `replica`
-    (`build_replica`); collective over the pipeline group. A stage's layer i is the model's
+    (`build_replica`); collective over the pipeline group, whose ranks hold the same
+    tensor-parallel shard of their stages. A stage's layer i is the model's
     layer `layer_number - 1`; the last stage's copy of a tied output weight is the first
     stage's embedding, which the replica holds once."""
     from megatron.core import parallel_state as ps

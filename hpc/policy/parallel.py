@@ -93,6 +93,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def check_world(tensor: int, pipeline: int, world: int) -> None:
+    """UserError unless `world` processes hold whole tensor x pipeline grids."""
+    if world % (tensor * pipeline):
+        raise UserError(f"config policy.parallel: tensor {tensor} x pipeline {pipeline} does not divide the {world} "
+                        f"trainer process(es) started (start a multiple of {tensor * pipeline}: torchrun "
+                        f"--nproc-per-node, srun -n, or --pool --trainers under mpirun)")
+
+
 def init_parallel(tensor: int = 1, pipeline: int = 1, seed: int = 1234,
                   timeout_minutes: int = 30, environ: dict[str, str] | None = None) -> Layout:
     """Start torch.distributed (if not started) and megatron's model-parallel groups.
@@ -110,8 +118,7 @@ def init_parallel(tensor: int = 1, pipeline: int = 1, seed: int = 1234,
         cpu_shim.apply()
     env = launch_env(environ)
     world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else env.world_size
-    if world % (tensor * pipeline):
-        raise UserError(f"parallel: tensor {tensor} x pipeline {pipeline} does not divide the world size {world}")
+    check_world(tensor, pipeline, world)
     device = None
     if cuda:
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())

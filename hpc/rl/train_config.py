@@ -143,9 +143,6 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError("config rollout.temperature must be > 0 and rollout.top_p in (0, 1]")
     if cfg.checkpoint_every < 1:
         raise UserError(f"config checkpoint_every: must be >= 1, got {cfg.checkpoint_every}")
-    if cfg.policy.parallel.pipeline > 1 and cfg.policy.parallel.tensor > 1:
-        raise UserError(f"config policy.parallel.pipeline: the trainer pipelines a policy with policy.parallel.tensor "
-                        f"1 only (rollouts sample from an unsharded replica), got tensor {cfg.policy.parallel.tensor}")
     if cfg.agent.max_context_tokens > cfg.policy.max_seq_len:
         raise UserError(f"config agent.max_context_tokens: {cfg.agent.max_context_tokens} exceeds "
                         f"policy.max_seq_len {cfg.policy.max_seq_len}")

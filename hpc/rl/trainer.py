@@ -1,7 +1,7 @@
 """The training loop: the recipe's stages in order, a metrics row per step, checkpoints, resume.
 
 One `Trainer` per trainer process. It owns the policy and the critic (megatron-core models,
-tensor-parallel over its TP group or pipelined over its PP group, data-parallel over the rest),
+tensor-parallel over its TP group and pipelined over its PP group, data-parallel over the rest),
 their optimizers, and an evaluation backend that scores episodes (in this process's sandboxed
 workers, or on the MPI reward pool). Every global step is one of: an SFT step, an RL step
 (sample episodes, score them, update), a rejection-sampling round, a value-pretraining step, or
@@ -357,7 +357,8 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
     def run(self, on_step: Callable[[dict[str, Any], list[Sample]], None] | None = None) -> Position:
         """Run the recipe from where it stands to its end; `on_step(metrics, samples)` after each
-        step (metrics rows and trajectories go to the results file there)."""
+        step, with the samples of every data-parallel replica (metrics rows and trajectories go
+        to the results file there)."""
         cfg, pos = self.cfg, self.position
         while pos.stage < len(cfg.stages):
             stage = cfg.stages[pos.stage]
@@ -373,8 +374,9 @@ class Trainer:
             if pos.stage_step == stage.steps:   # a checkpoint holds the next step's position
                 pos.stage += 1
                 pos.stage_step = 0
+            episodes = self.dp.gather(samples)   # every data-parallel replica's, for the writer
             if on_step is not None:
-                on_step(metrics, samples)
+                on_step(metrics, episodes)
             if pos.step % cfg.checkpoint_every == 0 or pos.stage == len(cfg.stages):
                 self.save()
         return pos
