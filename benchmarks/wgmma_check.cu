@@ -1,0 +1,259 @@
+// Check and timing of the wgmma 3xTF32 GEMM (benchmarks/wgmma_sgemm.cuh) against sgemm.cuh's mma.sync kernel.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o wgmma_check benchmarks/wgmma_check.cu
+//   ./wgmma_check [--reps R] [--warmup W]
+//   (same as -arch=sm_90a; HOPPER.md recommends the -gencode form for nvcc 13.0)
+//
+// Checks (both B layouts: [N][K] kBKMajor = true, [K][N] kBKMajor = false), against an fp64 host reference,
+// error = max |C - ref| / max(1, mean |ref|), FAIL above 1e-4 or on any non-finite output (C is NaN-filled
+// before each launch): 4096^3 and batch 8 x 2048^3 and 4096 x 4096 x 1023 (2048 sampled outputs per
+// batch), 1000^3, 129 x 257 x 67 and a bias + ReLU epilogue on batch 3 x 150 x 200 x 163 (all outputs).
+// Then 4096^3 timings (median of R launches after W warm-up launches, cudaEvents, L2 not flushed,
+// the pre-pass included) of wg::launch (default config; and the direct-accumulation variant, which is
+// not fp32-accurate and is shown only as a speed bound), the pre-pass alone, and sg::launch (sgemm.cuh).
+#include "wgmma_sgemm.cuh"
+#include "../kernels/solutions/level1/01_matmul/kernels/sgemm.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda_check.h"
+
+namespace {
+
+constexpr double kTol = 1e-4;
+
+struct EpiBiasRelu {
+    static constexpr bool kRowSS = false, kGain = false, kRowStats = false, kAtomic = false;
+    float* C;
+    const float* gain = nullptr;
+    float* stats = nullptr;
+    const float* bias;
+    __device__ float apply(float acc, int64_t, int64_t col) const { return fmaxf(acc + __ldg(bias + col), 0.f); }
+};
+
+// fast host randn: xorshift64* + Box-Muller
+std::vector<float> randn(size_t n, uint64_t seed) {
+    std::vector<float> v(n);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    auto next = [&]() {
+        s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+        return (double)((s * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+    };
+    for (size_t i = 0; i < n; i += 2) {
+        const double u1 = std::max(next(), 1e-300), u2 = next();
+        const double r = std::sqrt(-2.0 * std::log(u1));
+        v[i] = (float)(r * std::cos(6.283185307179586 * u2));
+        if (i + 1 < n) v[i + 1] = (float)(r * std::sin(6.283185307179586 * u2));
+    }
+    return v;
+}
+
+struct Case {
+    int64_t M, N, K;
+    int batch;
+    bool full;   // all outputs checked (else 2048 sampled per batch)
+    bool epi;    // bias + ReLU epilogue
+};
+
+float* g_ws = nullptr;
+size_t g_ws_bytes = 0;
+
+void ensure_ws(size_t bytes) {
+    if (bytes <= g_ws_bytes) return;
+    if (g_ws) CK(cudaFree(g_ws));
+    CK(cudaMalloc(&g_ws, bytes));
+    g_ws_bytes = bytes;
+}
+
+template <bool kBK, class Cfg = wg::DefaultCfg>
+bool run_case(const Case& c, const char* tag) {
+    const int64_t M = c.M, N = c.N, K = c.K;
+    const int bt = c.batch;
+    std::vector<float> A = randn((size_t)bt * M * K, 11 + M + K), B = randn((size_t)bt * N * K, 12 + N + K),
+                       bias = randn((size_t)N, 13);
+    float *dA, *dB, *dC, *dBias;
+    CK(cudaMalloc(&dA, A.size() * 4));
+    CK(cudaMalloc(&dB, B.size() * 4));
+    CK(cudaMalloc(&dC, (size_t)bt * M * N * 4));
+    CK(cudaMalloc(&dBias, N * 4));
+    CK(cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dBias, bias.data(), N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dC, 0xff, (size_t)bt * M * N * 4));
+    ensure_ws(wg::workspace_bytes(M, N, K, bt, dA, M * K));
+    if (c.epi) {
+        EpiBiasRelu e;
+        e.C = dC; e.bias = dBias;
+        wg::launch<EpiBiasRelu, kBK, Cfg>(dA, dB, M, N, K, e, 0, g_ws, bt, M * K, N * K, M * N);
+    } else {
+        sg::Plain e;
+        e.C = dC;
+        wg::launch<sg::Plain, kBK, Cfg>(dA, dB, M, N, K, e, 0, g_ws, bt, M * K, N * K, M * N);
+    }
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> C((size_t)bt * M * N);
+    CK(cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (float v : C) bad += !std::isfinite(v);
+    // reference: B as [N][K] rows
+    std::vector<double> err, ref;
+    double mean = 0;
+    std::vector<float> bn((size_t)N * K);
+    uint64_t rs = 7;
+    for (int b = 0; b < bt; ++b) {
+        const float* Bb = &B[(size_t)b * N * K];
+        if (kBK) std::copy(Bb, Bb + N * K, bn.begin());
+        else
+            for (int64_t k = 0; k < K; ++k)
+                for (int64_t n = 0; n < N; ++n) bn[n * K + k] = Bb[k * N + n];
+        auto one = [&](int64_t m, int64_t n) {
+            const float* a = &A[((size_t)b * M + m) * K];
+            const float* w = &bn[(size_t)n * K];
+            double s = 0;
+            for (int64_t k = 0; k < K; ++k) s += (double)a[k] * w[k];
+            if (c.epi) s = std::max(s + bias[n], 0.0);
+            ref.push_back(s);
+            err.push_back(std::fabs((double)C[((size_t)b * M + m) * N + n] - s));
+            mean += std::fabs(s);
+        };
+        if (c.full) {
+            for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < N; ++n) one(m, n);
+        } else {
+            one(0, 0); one(0, N - 1); one(M - 1, 0); one(M - 1, N - 1);
+            for (int i = 4; i < 2048; ++i) {
+                rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+                const int64_t m = (int64_t)((rs >> 33) % (uint64_t)M);
+                rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+                const int64_t n = (int64_t)((rs >> 33) % (uint64_t)N);
+                one(m, n);
+            }
+        }
+    }
+    const double scale = std::max(1.0, mean / (double)ref.size());
+    double worst = 0;
+    for (double e : err) worst = std::max(worst, e / scale);
+    const bool ok = bad == 0 && worst <= kTol;
+    std::printf("check %-10s %-6s batch %d  M %5lld N %5lld K %5lld %s%s  max err %.2e  nonfinite %lld  %s\n", tag,
+                kBK ? "[N][K]" : "[K][N]", bt, (long long)M, (long long)N, (long long)K, c.full ? "full" : "sampled",
+                c.epi ? " bias+relu" : "", worst, (long long)bad, ok ? "PASS" : "FAIL");
+    std::fflush(stdout);
+    CK(cudaFree(dA)); CK(cudaFree(dB)); CK(cudaFree(dC)); CK(cudaFree(dBias));
+    return ok;
+}
+
+template <class F>
+double time_ms(F&& f, int warmup, int reps) {
+    for (int i = 0; i < warmup; ++i) f();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto& x : ev) CK(cudaEventCreate(&x));
+    for (int i = 0; i < reps; ++i) {
+        CK(cudaEventRecord(ev[2 * i], 0));
+        f();
+        CK(cudaEventRecord(ev[2 * i + 1], 0));
+    }
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> ms(reps);
+    for (int i = 0; i < reps; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    for (auto& x : ev) CK(cudaEventDestroy(x));
+    std::sort(ms.begin(), ms.end());
+    return reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
+}
+
+template <bool kBK>
+void time_layout(int64_t S, int bt, int warmup, int reps) {
+    const int64_t M = S, N = S, K = S;
+    std::vector<float> A = randn((size_t)bt * M * K, 1), B = randn((size_t)bt * N * K, 2);
+    float *dA, *dB, *dC;
+    CK(cudaMalloc(&dA, A.size() * 4));
+    CK(cudaMalloc(&dB, B.size() * 4));
+    CK(cudaMalloc(&dC, (size_t)bt * M * N * 4));
+    CK(cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice));
+    ensure_ws(wg::workspace_bytes(M, N, K, bt, dA, M * K));
+    sg::Plain e;
+    e.C = dC;
+    const double flop = 2.0 * bt * M * N * K;
+    const char* lay = kBK ? "[N][K]" : "[K][N]";
+    auto row = [&](const char* name, double ms) {
+        std::printf("time %-6s batch %d %5lld^3  %-34s %8.3f ms  %6.1f TFLOP/s\n", lay, bt, (long long)S, name, ms,
+                    flop / (ms * 1e-3) / 1e12);
+        std::fflush(stdout);
+    };
+    row("wg::launch (wgmma 3xTF32, +prepass)", time_ms([&] {
+            wg::launch<sg::Plain, kBK>(dA, dB, M, N, K, e, 0, g_ws, bt, M * K, N * K, M * N);
+        }, warmup, reps));
+    row("wg direct-acc (NOT fp32-accurate)", time_ms([&] {
+            wg::launch<sg::Plain, kBK, wg::Cfg<4, false>>(dA, dB, M, N, K, e, 0, g_ws, bt, M * K, N * K, M * N);
+        }, warmup, reps));
+    {
+        const int64_t Kp = wg::padded_k(K);
+        const double ms = time_ms([&] {
+            if (kBK) {
+                const int64_t work = (int64_t)bt * N * (Kp / 4);
+                wg::prep_b_bk<true><<<(int)std::min<int64_t>((work + 255) / 256, 132 * 16), 256>>>(dB, g_ws, N, K, Kp,
+                                                                                                   bt, N * K);
+            } else {
+                wg::prep_b_kn<<<dim3((unsigned)(Kp / 32), (unsigned)((N + 31) / 32), (unsigned)bt), dim3(32, 8)>>>(
+                    dB, g_ws, N, K, Kp, N * K);
+            }
+        }, warmup, reps);
+        std::printf("time %-6s batch %d %5lld^3  %-34s %8.3f ms\n", lay, bt, (long long)S, "  of which pre-pass alone", ms);
+    }
+    row("sg::launch (sgemm.cuh mma.sync)", time_ms([&] {
+            sg::launch<sg::Plain, kBK>(dA, dB, M, N, K, e, 0, 1, bt, M * K, N * K, M * N);
+        }, warmup, reps));
+    CK(cudaFree(dA)); CK(cudaFree(dB)); CK(cudaFree(dC));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int reps = 30, warmup = 5;
+    bool skip_checks = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+        else if (a == "--warmup" && i + 1 < argc) warmup = std::atoi(argv[++i]);
+        else if (a == "--no-check") skip_checks = true;
+        else {
+            std::printf("usage: %s [--reps R] [--warmup W] [--no-check]\n", argv[0]);
+            return 2;
+        }
+    }
+    int dev = 0;
+    CK(cudaGetDevice(&dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    std::printf("device %s, %d SMs, smem/block optin %zu\n", prop.name, prop.multiProcessorCount,
+                prop.sharedMemPerBlockOptin);
+    bool all = true;
+    if (!skip_checks) {
+        const Case cases[] = {
+            {129, 257, 67, 1, true, false},   {1000, 1000, 1000, 1, true, false}, {150, 200, 163, 3, true, true},
+            {4096, 4096, 4096, 1, false, false}, {2048, 2048, 2048, 8, false, false},
+            {4096, 4096, 1023, 1, false, false},
+        };
+        for (const Case& c : cases) {
+            all &= run_case<true>(c, "wg");
+            all &= run_case<false>(c, "wg");
+        }
+        // the direct-accumulation variant, for the record (expected to drift at large K)
+        run_case<true, wg::Cfg<4, false>>(cases[3], "wg-direct");
+        std::printf("all wg::launch checks: %s\n", all ? "PASS" : "SOME FAILED");
+    }
+    time_layout<true>(4096, 1, warmup, reps);
+    time_layout<false>(4096, 1, warmup, reps);
+    time_layout<false>(2048, 8, warmup, reps);
+    if (g_ws) CK(cudaFree(g_ws));
+    return all ? 0 : 1;
+}
