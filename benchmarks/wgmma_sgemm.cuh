@@ -20,6 +20,11 @@
 //     (sgemm.cuh found the same for mma.sync), so (kTileAcc) each K tile's 12 products go into a fresh
 //     temporary (scale-d = 0 on the first) that is added to the fp32 accumulators with ordinary FADDs.
 //   * epilogue: epi.apply(acc, row, col) then a direct store from the accumulator registers.
+// Measured on an H200 (benchmarks/wgmma_check.cu, 2 runs): 4096^3 in ~1.18-1.19 ms (~116 TFLOP/s, pre-pass
+// of ~0.06 ms included) for either B layout, vs ~2.3-2.4 ms for sgemm.cuh in the same runs; max error
+// ~1.5e-6 (normalized). Cfg options that did not beat DefaultCfg there: KT = 2 (1.06-1.29 ms, noisy),
+// ping-pong issue order (1.17-1.27 ms), 2-CTA clusters with B multicast (1.40-1.55 ms: slower);
+// accumulating straight into the accumulators (kTileAcc = false) is ~5-8% faster but fails 1e-4 at K = 4096.
 // Out-of-range rows / columns / K are zero filled by the copy engine (and the pre-pass); any M, N, K.
 //
 // API (close to sg::launch of kernels/solutions/level1/01_matmul/kernels/sgemm.cuh):
@@ -32,6 +37,7 @@
 #include <cuda.h>   // CUtensorMap and the cuTensorMapEncodeTiled prototype only: no -lcuda needed
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -45,15 +51,27 @@ constexpr int kTileBytesB = BN * BK * 4;      // 16 KB (each of big and small)
 constexpr int kStageBytes = kTileBytesA + 2 * kTileBytesB;
 constexpr int GROUP_M = 8;
 
-// kTileAcc: per K tile sum into a temporary, then FADD into the accumulators (true: fp32-accurate)
-template <int STAGES_ = 4, bool kTileAcc_ = true>
+// STAGES: pipeline depth (48 KB stages).
+// kTileAcc: the products of KT consecutive K tiles are summed on the tensor cores into a temporary that is
+//   then added to the fp32 accumulators (true: fp32-accurate; false: straight into the accumulators, which
+//   drifts past 1e-4 at K = 4096 and is kept only as a speed reference).
+// KT (1 or 2): K tiles per temporary flush; with 2 the A fragments are double-buffered and each warpgroup
+//   waits for its tensor-core work once per two tiles.
+// CLUSTER (1 or 2): 2 = pairs of CTAs (adjacent row tiles, same column tile) in a thread-block cluster;
+//   each loads one half (big / small) of the shared B tile and multicasts it to both (less L2 traffic).
+// kPingPong: the two consumer warpgroups take turns issuing their tensor-core work (named barriers), so
+//   that one's wait / accumulate / fragment loads overlap the other's tensor-core work instead of both
+//   draining the tensor cores at the same time.
+template <int STAGES_ = 4, bool kTileAcc_ = true, int KT_ = 1, int CLUSTER_ = 1, bool kPingPong_ = false>
 struct Cfg {
-    static constexpr int STAGES = STAGES_;
-    static constexpr bool kTileAcc = kTileAcc_;
+    static constexpr int STAGES = STAGES_, KT = KT_, CLUSTER = CLUSTER_;
+    static constexpr bool kTileAcc = kTileAcc_, kPingPong = kPingPong_;
     static constexpr int kSmem = STAGES * kStageBytes + 1024 /* alignment slack */ + 2 * STAGES * 8;
     static_assert(kSmem <= 227 * 1024, "too many stages");
+    static_assert(KT == 1 || KT == 2, "KT is 1 or 2");
+    static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER is 1 or 2");
 };
-using DefaultCfg = Cfg<4, true>;
+using DefaultCfg = Cfg<4, true, 1, 1>;
 
 struct Shape {
     int M, N, ktiles;
@@ -201,13 +219,45 @@ __global__ void prep_a(const float* __restrict__ A, float* __restrict__ wsA, int
 }
 
 // ------------------------------------------------------------------------------------------ the GEMM kernel
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// arrive on the mbarrier at the same offset in CTA `rank` of the cluster
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t bar, uint32_t rank) {
+    asm volatile(
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+        "r"(rank)
+        : "memory");
+}
+// 3-d tiled TMA load multicast to the CTAs of `mask` (same shared-memory offsets, their own mbarriers)
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                               uint32_t bar, uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+        "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+        : "memory");
+}
+
 // tmA: 3-d (k, m, batch) over A (raw fp32), box (32, 128, 1); tmB: 3-d (k, n, 2 * batch + half) over the
-// workspace, box (32, 128, 2) (big then small). Both 128B-swizzled.
+// workspace, box (32, 128, 2) (big then small; box (32, 128, 1) per CTA with CLUSTER == 2). 128B-swizzled.
 template <class Epi, class C = DefaultCfg>
 __global__ void __launch_bounds__(NT, 1)
 gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB, Shape sh,
                   int64_t sC, bool vecC, Epi epi) {
-    constexpr int STAGES = C::STAGES;
+    constexpr int STAGES = C::STAGES, KT = C::KT, CL = C::CLUSTER;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     // 1024-byte alignment for the 128B swizzle pattern (the runtime gives 16)
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -216,23 +266,26 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
     const uint32_t full0 = smem_u32(bars), empty0 = smem_u32(bars + STAGES);
 
     const int tid = threadIdx.x, wgi = tid / 128;
-    // grouped tile order: GROUP_M row tiles walk the column tiles together
+    // grouped tile order: GROUP_M row tiles walk the column tiles together; with clusters, pairs of row
+    // tiles (one per CTA of the cluster) take the place of row tiles
     const int num_n = (sh.N + BN - 1) / BN, num_m = (sh.M + BM - 1) / BM;
-    const int pid = blockIdx.x, width = GROUP_M * num_n;
-    const int first_m = (pid / width) * GROUP_M;
-    const int gsize = min(num_m - first_m, GROUP_M);
-    const int tm = first_m + (pid % width) % gsize, tn = (pid % width) / gsize;
+    const int num_mc = (num_m + CL - 1) / CL, gm = GROUP_M / CL;
+    const int pid = blockIdx.x / CL, crank = CL > 1 ? (int)(blockIdx.x % CL) : 0, width = gm * num_n;
+    const int first_m = (pid / width) * gm;
+    const int gsize = min(num_mc - first_m, gm);
+    const int tm = (first_m + (pid % width) % gsize) * CL + crank, tn = (pid % width) / gsize;
     const int m0 = tm * BM, n0 = tn * BN, bz = blockIdx.y;
     const int ktiles = sh.ktiles;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(full0 + 8 * s, 1);
-            mbar_init(empty0 + 8 * s, 8);   // one arrive per consumer warp
+            mbar_init(empty0 + 8 * s, 8 * CL);   // one arrive per consumer warp (of each CTA of the cluster)
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) cluster_sync();
+    else __syncthreads();
 
     if (wgi == 0) {
         // ---------------- producer
@@ -246,7 +299,11 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
                 const uint32_t full = full0 + 8 * s, dst = sbase + s * kStageBytes;
                 mbar_expect_tx(full, kStageBytes);
                 tma_load_3d(dst, &tmA, t * BK, m0, bz, full);
-                tma_load_3d(dst + kTileBytesA, &tmB, t * BK, n0, 2 * bz, full);
+                if constexpr (CL == 1)
+                    tma_load_3d(dst + kTileBytesA, &tmB, t * BK, n0, 2 * bz, full);
+                else   // this CTA's half of B (big for rank 0, small for rank 1), to both CTAs
+                    tma_load_3d_mc(dst + kTileBytesA + crank * kTileBytesB, &tmB, t * BK, n0, 2 * bz + crank, full,
+                                   (uint16_t)3);
             }
         }
     } else {
@@ -258,44 +315,85 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
         float tmp[C::kTileAcc ? 64 : 1];
-
-        for (int t = 0; t < ktiles; ++t) {
-            const int s = t % STAGES, r = t / STAGES;
-            mbar_wait(full0 + 8 * s, r & 1);
-            const uint8_t* As = smem + s * kStageBytes;
-            const uint32_t bbig = sbase + s * kStageBytes + kTileBytesA, bsmall = bbig + kTileBytesB;
-            // A fragments: a0 (row g, k t4), a1 (g + 8, t4), a2 (g, t4 + 4), a3 (g + 8, t4 + 4) per k8 step;
-            // 128B swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8); arow % 8 == g
-            uint32_t ab[4][4], as[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int row = arow + (i & 1) * 8, chunk = 2 * kk + (i >> 1);
-                    const float x =
-                        *reinterpret_cast<const float*>(As + row * 128 + ((chunk ^ g) << 4) + t4 * 4);
-                    split(x, ab[kk][i], as[kk][i]);
-                }
-            wgmma_fence();
-            if constexpr (C::kTileAcc) {
-                wgmma_m64n128k8_rs<0>(tmp, as[0], desc_kmajor_sw128(bbig));
-#pragma unroll
-                for (int kk = 1; kk < 4; ++kk) wgmma_m64n128k8_rs<1>(tmp, as[kk], desc_kmajor_sw128(bbig + 32 * kk));
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k8_rs<1>(tmp, ab[kk], desc_kmajor_sw128(bsmall + 32 * kk));
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k8_rs<1>(tmp, ab[kk], desc_kmajor_sw128(bbig + 32 * kk));
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k8_rs<1>(acc, as[kk], desc_kmajor_sw128(bbig + 32 * kk));
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k8_rs<1>(acc, ab[kk], desc_kmajor_sw128(bsmall + 32 * kk));
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k8_rs<1>(acc, ab[kk], desc_kmajor_sw128(bbig + 32 * kk));
+        auto release = [&](int t) {   // this warp is done with the stage of tile t
+            if (lane == 0) {
+                const uint32_t e = empty0 + 8 * (t % STAGES);
+                mbar_arrive(e);
+                if constexpr (CL > 1) mbar_arrive_remote(e, (uint32_t)(crank ^ 1));
             }
-            wgmma_commit();
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(empty0 + 8 * s);   // this warp is done with stage s
+        };
+
+        // kPingPong: named barrier 1 + w is consumer warpgroup w's turn to issue; warpgroup 1 lets
+        // warpgroup 0 go first, then each hands the turn over after issuing a group of KT tiles
+        const int cw = wgi - 1;
+        if (C::kPingPong && cw == 1 && ktiles > 0) named_bar_arrive(1, 256);
+        for (int t0 = 0; t0 < ktiles; t0 += KT) {
+            uint32_t ab[KT][4][4], as[KT][4][4];
+#pragma unroll
+            for (int u = 0; u < KT; ++u) {
+                const int t = t0 + u;
+                if (t < ktiles) {
+                    const int s = t % STAGES, r = t / STAGES;
+                    mbar_wait(full0 + 8 * s, r & 1);
+                    const uint8_t* As = smem + s * kStageBytes;
+                    // A fragments: a0 (row g, k t4), a1 (g + 8, t4), a2 (g, t4 + 4), a3 (g + 8, t4 + 4) per
+                    // k8 step; 128B swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8); arow % 8 == g
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const int row = arow + (i & 1) * 8, chunk = 2 * kk + (i >> 1);
+                            const float x =
+                                *reinterpret_cast<const float*>(As + row * 128 + ((chunk ^ g) << 4) + t4 * 4);
+                            split(x, ab[u][kk][i], as[u][kk][i]);
+                        }
+                }
+            }
+            if constexpr (C::kPingPong) named_bar_sync(1 + cw, 256);
+#pragma unroll
+            for (int u = 0; u < KT; ++u) {
+                const int t = t0 + u;
+                if (t < ktiles) {
+                    const int s = t % STAGES;
+                    const uint32_t bbig = sbase + s * kStageBytes + kTileBytesA, bsmall = bbig + kTileBytesB;
+                    wgmma_fence();
+                    if constexpr (C::kTileAcc) {
+                        if (u == 0) wgmma_m64n128k8_rs<0>(tmp, as[u][0], desc_kmajor_sw128(bbig));
+                        else wgmma_m64n128k8_rs<1>(tmp, as[u][0], desc_kmajor_sw128(bbig));
+#pragma unroll
+                        for (int kk = 1; kk < 4; ++kk)
+                            wgmma_m64n128k8_rs<1>(tmp, as[u][kk], desc_kmajor_sw128(bbig + 32 * kk));
+#pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            wgmma_m64n128k8_rs<1>(tmp, ab[u][kk], desc_kmajor_sw128(bsmall + 32 * kk));
+#pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            wgmma_m64n128k8_rs<1>(tmp, ab[u][kk], desc_kmajor_sw128(bbig + 32 * kk));
+                    } else {
+#pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            wgmma_m64n128k8_rs<1>(acc, as[u][kk], desc_kmajor_sw128(bbig + 32 * kk));
+#pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            wgmma_m64n128k8_rs<1>(acc, ab[u][kk], desc_kmajor_sw128(bsmall + 32 * kk));
+#pragma unroll
+                        for (int kk = 0; kk < 4; ++kk)
+                            wgmma_m64n128k8_rs<1>(acc, ab[u][kk], desc_kmajor_sw128(bbig + 32 * kk));
+                    }
+                    wgmma_commit();
+                }
+            }
+            // hand the turn over (warpgroup 1 skips its last hand-over: warpgroup 0 is done by then)
+            if (C::kPingPong && (cw == 0 || t0 + KT < ktiles)) named_bar_arrive(2 - cw, 256);
+            if (KT == 2 && t0 + 1 < ktiles) {
+                wgmma_wait<1>();
+                release(t0);
+                wgmma_wait<0>();
+                release(t0 + 1);
+            } else {
+                wgmma_wait<0>();
+                release(t0);
+            }
             if constexpr (C::kTileAcc) {
 #pragma unroll
                 for (int i = 0; i < 64; ++i) acc[i] += tmp[i];
@@ -324,6 +422,8 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
             }
         }
     }
+    // the peer CTA may still arrive on this CTA's barriers until it is done: leave together
+    if constexpr (CL > 1) cluster_sync();
 }
 
 // ------------------------------------------------------------------------------------------ host side
@@ -419,14 +519,31 @@ inline void launch(const float* A, const float* B, int64_t M, int64_t N, int64_t
         const uint64_t sa2 = batch > 1 ? (uint64_t)sAuse * 4 : ((uint64_t)M * lda * 4 + 15) / 16 * 16;
         tmA = make_map(Ause, (uint64_t)K, (uint64_t)M, (uint64_t)batch, (uint64_t)lda * 4, sa2, 1);
         tmB = make_map(wsB, (uint64_t)Kp, (uint64_t)N, (uint64_t)batch * 2, (uint64_t)Kp * 4,
-                       (uint64_t)N * Kp * 4, 2);
+                       (uint64_t)N * Kp * 4, C::CLUSTER == 1 ? 2 : 1);
     }
     const Shape sh{(int)M, (int)N, (int)(Kp / BK)};
     const bool vecC = N % 2 == 0 && (reinterpret_cast<uintptr_t>(epi.C) & 7) == 0 && (batch == 1 || sC % 2 == 0);
     auto* kernel = gemm_wgmma_tf32x3<Epi, C>;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-    const dim3 grid((unsigned)(((M + BM - 1) / BM) * ((N + BN - 1) / BN)), (unsigned)batch, 1);
-    kernel<<<grid, NT, C::kSmem, stream>>>(tmA, tmB, sh, sC, vecC, epi);
+    const int64_t num_mc = ((M + BM - 1) / BM + C::CLUSTER - 1) / C::CLUSTER;
+    const dim3 grid((unsigned)(num_mc * C::CLUSTER * ((N + BN - 1) / BN)), (unsigned)batch, 1);
+    if constexpr (C::CLUSTER == 1) {
+        kernel<<<grid, NT, C::kSmem, stream>>>(tmA, tmB, sh, sC, vecC, epi);
+    } else {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(NT, 1, 1);
+        cfg.dynamicSmemBytes = C::kSmem;
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = C::CLUSTER;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        cudaLaunchKernelEx(&cfg, kernel, tmA, tmB, sh, sC, vecC, epi);
+    }
 }
 
 }  // namespace wg
