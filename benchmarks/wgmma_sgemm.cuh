@@ -20,10 +20,10 @@
 //     (sgemm.cuh found the same for mma.sync), so (kTileAcc) each K tile's 12 products go into a fresh
 //     temporary (scale-d = 0 on the first) that is added to the fp32 accumulators with ordinary FADDs.
 //   * epilogue: epi.apply(acc, row, col) then a direct store from the accumulator registers.
-// Measured on an H200 (benchmarks/wgmma_check.cu, 2 runs): 4096^3 in ~1.18-1.19 ms (~116 TFLOP/s, pre-pass
-// of ~0.06 ms included) for either B layout, vs ~2.3-2.4 ms for sgemm.cuh in the same runs; max error
-// ~1.5e-6 (normalized). Cfg options that did not beat DefaultCfg there: KT = 2 (1.06-1.29 ms, noisy),
-// ping-pong issue order (1.17-1.27 ms), 2-CTA clusters with B multicast (1.40-1.55 ms: slower);
+// Measured on an H200 (benchmarks/wgmma_check.cu, 3 runs, SM clock ~1980 MHz): 4096^3 in 1.18-1.21 ms
+// (113-116 TFLOP/s, pre-pass of ~0.06 ms included) for either B layout, vs 2.32-2.40 ms for sgemm.cuh in the
+// same runs; max error ~1.5e-6 (normalized). Cfg options that did not clearly beat DefaultCfg there: KT = 2
+// (1.06-1.29 ms, noisy), ping-pong issue order (1.17-1.30 ms), 2-CTA clusters with B multicast (1.40-1.55 ms);
 // accumulating straight into the accumulators (kTileAcc = false) is ~5-8% faster but fails 1e-4 at K = 4096.
 // Out-of-range rows / columns / K are zero filled by the copy engine (and the pre-pass); any M, N, K.
 //
