@@ -10,7 +10,7 @@
 // flushed). Before that, unless --no-epi, every configuration runs the epilogue features (row sum of
 // squares + gain + row softmax stats, split-K atomics, batches, odd K) at small sizes against a full
 // fp64 reference. A configuration that fails to launch prints the error and the sweep goes on.
-#include "../kernels/solutions/level1/01_matmul/kernels/sgemm.cuh"
+#include "sgemm.cuh"
 
 #include <algorithm>
 #include <cmath>

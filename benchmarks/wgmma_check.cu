@@ -1,6 +1,7 @@
-// Check and timing of the wgmma 3xTF32 GEMM (benchmarks/wgmma_sgemm.cuh) against sgemm.cuh's mma.sync kernel.
+// Check and timing of the wgmma 3xTF32 GEMM (kernels/solutions/level1/01_matmul/kernels/wgmma.cuh) against sgemm.cuh's mma.sync kernel.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o wgmma_check benchmarks/wgmma_check.cu
+//   (or scripts/h200-run.sh wgmma)
 //   ./wgmma_check [--reps R] [--warmup W] [--no-check] [--mask BITS]
 //   (-gencode=arch=compute_90a,code=sm_90a is -arch=sm_90a; HOPPER.md recommends this form for nvcc 13.0)
 //
@@ -11,12 +12,13 @@
 // error = max |C - ref| / max(1, mean |ref|), FAIL above 1e-4 or on any non-finite output (C is NaN-filled
 // before each launch): 4096^3, batch 8 x 2048^3 and 4096 x 4096 x 1023 (2048 sampled outputs per
 // batch); 129 x 257 x 67, 1000^3, batch 3 x 150 x 200 x 163 with a bias + ReLU epilogue, and batch 2 x
-// 300 x 260 x 200 (odd number of row tiles) (all outputs). K = 1023 and 67 take the A-copy path.
+// 300 x 260 x 200 (odd number of row tiles) (all outputs); the row epilogues (sum-of-squares row scale,
+// softmax partials) at 300 x 333 x 200 and 129 x 1000 x 1023 (all outputs). K = 1023 and 67 take the A-copy path.
 // Then timings (median of R launches after W warm-up launches, cudaEvents, L2 not flushed, each wg row
 // including its B pre-pass) of 4096^3 for both layouts and batch 8 x 2048^3 ([K][N]): every variant, the
 // pre-pass alone, and sg::launch (sgemm.cuh's DefaultCfg) on the same data.
-#include "wgmma_sgemm.cuh"
-#include "../kernels/solutions/level1/01_matmul/kernels/sgemm.cuh"
+#include "../kernels/solutions/level1/01_matmul/kernels/wgmma.cuh"
+#include "sgemm.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -196,6 +198,72 @@ bool run_case(const Case& c) {
     return all;
 }
 
+// The row epilogues (DefaultCfg, B [N][K]): C = (A B^T) * rsqrt(ss / K + eps) + bias (kRowSS) and the
+// per-(row, 128-column tile) softmax partials of C (kRowStats), all outputs against the fp64 reference.
+struct EpiRowSSStats {
+    static constexpr bool kRowSS = true, kRowStats = true;
+    float* C;
+    float* stats;
+    const float* bias;
+    float invK, eps;
+    __device__ float apply(float acc, int64_t, int64_t col) const { return acc + __ldg(bias + col); }
+    __device__ float row_scale(float ss) const { return rsqrtf(ss * invK + eps); }
+};
+
+bool check_row_epilogues(int64_t M, int64_t N, int64_t K) {
+    const float eps = 1e-6f;
+    const int64_t ntn = (N + 127) / 128;
+    std::vector<float> A = randn((size_t)M * K, 21), B = randn((size_t)N * K, 22), bias = randn((size_t)N, 23);
+    float *dA, *dB, *dC, *dS, *dBias;
+    CK(cudaMalloc(&dA, A.size() * 4));
+    CK(cudaMalloc(&dB, B.size() * 4));
+    CK(cudaMalloc(&dC, (size_t)M * N * 4));
+    CK(cudaMalloc(&dS, (size_t)M * ntn * 2 * 4));
+    CK(cudaMalloc(&dBias, N * 4));
+    CK(cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dBias, bias.data(), N * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dC, 0xff, (size_t)M * N * 4));
+    CK(cudaMemset(dS, 0xff, (size_t)M * ntn * 2 * 4));
+    ensure_ws(wg::workspace_bytes(M, N, K, 1, dA, 0));
+    EpiRowSSStats e;
+    e.C = dC; e.stats = dS; e.bias = dBias; e.invK = 1.f / (float)K; e.eps = eps;
+    wg::launch<EpiRowSSStats, true>(dA, dB, M, N, K, e, 0, g_ws);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<float> C((size_t)M * N), S((size_t)M * ntn * 2);
+    CK(cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(S.data(), dS, S.size() * 4, cudaMemcpyDeviceToHost));
+    double worst_c = 0, worst_m = 0, worst_s = 0;
+    std::vector<double> ref(N);
+    for (int64_t m = 0; m < M; ++m) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; ++k) ss += (double)A[m * K + k] * A[m * K + k];
+        const double scale = 1.0 / std::sqrt(ss / K + eps);
+        for (int64_t n = 0; n < N; ++n) {
+            double d = 0;
+            for (int64_t k = 0; k < K; ++k) d += (double)A[m * K + k] * B[n * K + k];
+            ref[n] = d * scale + bias[n];
+            const double err = std::fabs(C[m * N + n] - ref[n]);
+            worst_c = std::isfinite(C[m * N + n]) ? std::max(worst_c, err) : INFINITY;
+        }
+        for (int64_t t = 0; t < ntn; ++t) {
+            double mx = -INFINITY, sum = 0;
+            for (int64_t n = 128 * t; n < std::min(N, 128 * t + 128); ++n) mx = std::max(mx, ref[n]);
+            for (int64_t n = 128 * t; n < std::min(N, 128 * t + 128); ++n) sum += std::exp(ref[n] - mx);
+            const float gm = S[(m * ntn + t) * 2], gs = S[(m * ntn + t) * 2 + 1];
+            worst_m = std::isfinite(gm) ? std::max(worst_m, std::fabs(gm - mx)) : INFINITY;
+            worst_s = std::isfinite(gs) ? std::max(worst_s, std::fabs(gs - sum) / sum) : INFINITY;
+        }
+    }
+    const bool ok = worst_c <= kTol && worst_m <= kTol && worst_s <= 1e-3;
+    std::printf("check wg default  [N][K] row-sum-of-squares scale + bias + softmax partials  M %lld N %lld K %lld full"
+                "  max err %.2e, stats max %.2e, sum rel %.2e  %s\n", (long long)M, (long long)N, (long long)K,
+                worst_c, worst_m, worst_s, ok ? "PASS" : "FAIL");
+    CK(cudaFree(dA)); CK(cudaFree(dB)); CK(cudaFree(dC)); CK(cudaFree(dS)); CK(cudaFree(dBias));
+    return ok;
+}
+
 template <class F>
 double time_ms(F&& f, int warmup, int reps) {
     for (int i = 0; i < warmup; ++i) f();
@@ -296,6 +364,8 @@ int main(int argc, char** argv) {
             all &= run_case<true>(c);
             all &= run_case<false>(c);
         }
+        all &= check_row_epilogues(300, 333, 200);
+        all &= check_row_epilogues(129, 1000, 1023);
         std::printf("all checks of the fp32-accurate variants: %s\n", all ? "PASS" : "SOME FAILED");
     }
     time_layout<true>(4096, 1, warmup, reps);

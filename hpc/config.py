@@ -50,11 +50,14 @@ class TimingConfig:
 @dataclass
 class FloorConfig:
     """Hardware ceilings for the floor check: a candidate faster than bytes/bandwidth or
-    FLOPs/peak cannot be real (0 disables a backend's check). cuda defaults: H200 datasheet peaks
-    (HBM3e 4.8 TB/s; fp32 without tensor cores 67 TFLOP/s), upper bounds of what it can do."""
+    FLOPs/peak cannot be real (0 disables a backend's check). cuda defaults: H200 datasheet peaks,
+    upper bounds of what it can do: HBM3e 4.8 TB/s, and for FLOPs dense TF32 on the tensor cores
+    (495 TFLOP/s), not fp32 on the CUDA cores (67): fp32-accurate products are made of tf32 or bf16
+    tensor-core products (3xTF32, the shipped GEMMs: ~130 TFLOP/s), and none of those schemes gets
+    past tolerance with less than one TF32-rate product per fp32 product."""
 
     bandwidth_gb_s_cuda: float = 4800.0
-    tflops_cuda: float = 67.0
+    tflops_cuda: float = 495.0
     bandwidth_gb_s_cpu: float = 0.0
     tflops_cpu: float = 0.0
 
@@ -92,7 +95,7 @@ class PolicyConfig:
 
 @dataclass
 class CompileConfig:
-    cuda_arch: str = "sm_90"
+    cuda_arch: str = "sm_90a"              # Hopper with its arch-specific instructions (wgmma)
     timeout_s: float = 180.0
 
 

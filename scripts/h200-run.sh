@@ -4,7 +4,9 @@
 #
 #   scripts/h200-run.sh gemm:120 suite:420      stage:seconds, in order
 #
-# stages: gemm        the GEMM-family solutions at odd shapes (tests/gpu/test_gemm_solutions.py)
+# stages: wgmma       build and run benchmarks/wgmma_check.cu: the solutions' wgmma GEMM checked against fp64
+#                     and timed beside benchmarks/sgemm.cuh (WGMMA_ARGS adds flags, e.g. --mask 1)
+#         gemm        the GEMM-family solutions at odd shapes (tests/gpu/test_gemm_solutions.py)
 #         tests       the GPU test suite (scripts/test-gpu.sh; TEST_K selects with pytest -k)
 #         suite       every shipped solution through `hpc eval-suite` at GPU scale (SUITE_ARGS adds flags)
 #         hostpath    where the host side of a timed call goes (candidate vs eager; HOSTPATH_ARGS adds flags)
@@ -36,6 +38,8 @@ for spec in "$@"; do
     [ "$limit" = "$spec" ] && limit=600
     echo "=== $stage (limit ${limit}s) $(date -u +%T)"
     case "$stage" in
+        wgmma) cmd=(bash -c "mkdir -p build && nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+                        -o build/wgmma_check benchmarks/wgmma_check.cu && build/wgmma_check ${WGMMA_ARGS:-}") ;;
         gemm) cmd=(python3 -m pytest -p no:cacheprovider -q tests/gpu/test_gemm_solutions.py) ;;
         tests) cmd=(bash scripts/test-gpu.sh -q -rfE --durations=25)
                [ -n "${TEST_K:-}" ] && cmd+=(-k "$TEST_K") ;;

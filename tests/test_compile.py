@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.compile.native import cache_key, compile_workdir, default_toolchain, kernel_sources, symbol_defect
+from hpc.compile.native import arch_flags, cache_key, compile_workdir, default_toolchain, kernel_sources, symbol_defect
 from tests.conftest import ROOT, TESTS
 
 HONEST = TESTS / "fixtures" / "honest_relu"
@@ -94,12 +94,14 @@ def test_every_shipped_cuda_source_compiles(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("program, defines", [("gemm_variants.cu", []), ("conv_check.cu", ["-DCHECK=conv2d"]),
                                               ("conv_check.cu", ["-DCHECK=relu_bias"]),
-                                              ("conv_check.cu", ["-DCHECK=bn_relu"]), ("stream_variants.cu", [])])
+                                              ("conv_check.cu", ["-DCHECK=bn_relu"]), ("stream_variants.cu", []),
+                                              ("wgmma_check.cu", [])])
 def test_kernel_check_programs_build_against_the_shipped_headers(tmp_path, program, defines):
     """The sweep and check programs of benchmarks/*.cu build; most include the solutions' kernels, so
     a change to a shared header that breaks them shows here, not at the next GPU session."""
     out = tmp_path / "prog"
-    cmd = ["nvcc", "-O1", "-std=c++17", "-arch=sm_90", *defines, "-o", str(out), str(ROOT / "benchmarks" / program)]
+    cmd = ["nvcc", "-O1", "-std=c++17", *arch_flags("sm_90a"), *defines, "-o", str(out),
+           str(ROOT / "benchmarks" / program)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and out.is_file(), proc.stderr[-2000:]
 

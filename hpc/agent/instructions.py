@@ -14,6 +14,7 @@ from string import Template
 from hpc.agent.config import AgentConfig
 from hpc.agent.toolcall import CLOSE, OPEN
 from hpc.agent.tools import SINGLE_TURN_TOOLS, TOOLS
+from hpc.compile.native import arch_flags
 from hpc.config import EvalConfig
 from hpc.task import Task
 
@@ -183,7 +184,7 @@ def render_instructions(eval_cfg: EvalConfig, cfg: AgentConfig) -> str:
     text = _HEADER.substitute(
         language="CUDA" if cuda else "C++", backend=eval_cfg.backend, scale=eval_cfg.scale,
         sources="`kernels/*.cu`: CUDA C++" if cuda else "`kernels/*.cpp`: C++17, OpenMP allowed",
-        compiler=(f"nvcc -O3 -arch={eval_cfg.compile.cuda_arch} -std=c++17 --use_fast_math" if cuda
+        compiler=(f"nvcc -O3 {' '.join(arch_flags(eval_cfg.compile.cuda_arch))} -std=c++17 --use_fast_math" if cuda
                   else "g++ -O3 -march=native -std=c++17 -fopenmp"),
         fence="cuda" if cuda else "cpp", kernel_example=_CUDA_KERNEL if cuda else _CPU_KERNEL,
         device="the GPU" if cuda else "the CPU", tolerance=f"{eval_cfg.correctness.atol_fp32:g}",

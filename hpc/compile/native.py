@@ -35,7 +35,16 @@ class Toolchain:
         return _compiler_version(self.compiler)
 
 
-def default_toolchain(backend: str, cuda_arch: str = "sm_90", extra_link: tuple[str, ...] = ()) -> Toolchain:
+def arch_flags(cuda_arch: str) -> tuple[str, ...]:
+    """nvcc's target flags for `cuda_arch`. An arch-specific target (sm_90a: wgmma, setmaxnreg, the
+    tensor copy engine's multicast) is written as -gencode: nvcc 13.0's -arch=sm_90a shorthand also
+    runs a plain sm_90 pass that rejects those instructions."""
+    if cuda_arch.startswith("sm_") and cuda_arch.endswith("a"):
+        return (f"-gencode=arch=compute_{cuda_arch[3:]},code={cuda_arch}",)
+    return (f"-arch={cuda_arch}",)
+
+
+def default_toolchain(backend: str, cuda_arch: str = "sm_90a", extra_link: tuple[str, ...] = ()) -> Toolchain:
     """The toolchain the evaluator uses unless the config overrides it.
 
     Libraries link with no undefined symbols: a kernel cannot reach a library the policy did not
@@ -50,7 +59,7 @@ def default_toolchain(backend: str, cuda_arch: str = "sm_90", extra_link: tuple[
     if backend == "cuda":
         return Toolchain(
             "cuda", os.environ.get("NVCC", "nvcc"),
-            ("-O3", f"-arch={cuda_arch}", "-std=c++17", "--use_fast_math", "-Xcompiler", "-fPIC,-O3"),
+            ("-O3", *arch_flags(cuda_arch), "-std=c++17", "--use_fast_math", "-Xcompiler", "-fPIC,-O3"),
             ("-Xlinker", "--no-undefined") + extra_link,
         )
     raise ValueError(f"unknown backend {backend!r}")

@@ -1,6 +1,6 @@
-"""The shipped GEMM-family CUDA solutions (one 3xTF32 tensor-core GEMM, sgemm.cuh, with fused
-epilogues) at shapes the evaluator never runs them at: partial tiles, K and N not multiples of 4
-or of the 32-wide k tile, batches, split-K. Each is checked against the task's own model in
+"""The shipped GEMM-family CUDA solutions (one 3xTF32 wgmma GEMM, wgmma.cuh, with fused epilogues)
+at shapes the evaluator never runs them at: partial tiles, K and N not multiples of 4 or of the
+32-wide k tile (A copied into the workspace), batches. Each is checked against the task's own model in
 float64 at the evaluator's fp32 tolerance.
 
 Runs only where torch sees a CUDA device (the H200 machine): `scripts/test-gpu.sh`.

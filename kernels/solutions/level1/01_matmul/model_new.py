@@ -5,6 +5,14 @@ from hpc.runtime import load_kernels
 kernels = load_kernels(__file__)
 
 
+def gemm_workspace(a, m, n, k, batch=1):
+    """Device scratch of wgmma.cuh's GEMM: B split into big and small halves, K-major, K padded to
+    32; A copied there too when the tensor copy engine cannot read it in place (K % 4, alignment)."""
+    kp = (k + 31) // 32 * 32
+    copy_a = k % 4 != 0 or a.data_ptr() % 16 != 0
+    return torch.empty(batch * (2 * n + (m if copy_a else 0)) * kp, device=a.device)
+
+
 class ModelNew(nn.Module):
     def __init__(self):
         super().__init__()
@@ -12,5 +20,9 @@ class ModelNew(nn.Module):
     def forward(self, a, b):
         a, b = a.contiguous(), b.contiguous()
         out = torch.empty(a.shape[0], b.shape[1], device=a.device)
-        kernels.matmul(out, a, b, a.shape[0], b.shape[1], a.shape[1])
+        m, n, k = a.shape[0], b.shape[1], a.shape[1]
+        if kernels.device == "cuda":
+            kernels.matmul(out, a, b, gemm_workspace(a, m, n, k), m, n, k)
+        else:
+            kernels.matmul(out, a, b, m, n, k)
         return out

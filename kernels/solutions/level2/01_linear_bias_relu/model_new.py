@@ -5,6 +5,14 @@ from hpc.runtime import load_kernels
 kernels = load_kernels(__file__)
 
 
+def gemm_workspace(a, m, n, k, batch=1):
+    """Device scratch of wgmma.cuh's GEMM: B split into big and small halves, K-major, K padded to
+    32; A copied there too when the tensor copy engine cannot read it in place (K % 4, alignment)."""
+    kp = (k + 31) // 32 * 32
+    copy_a = k % 4 != 0 or a.data_ptr() % 16 != 0
+    return torch.empty(batch * (2 * n + (m if copy_a else 0)) * kp, device=a.device)
+
+
 class ModelNew(nn.Module):
     def __init__(self, in_features, out_features):
         super().__init__()
@@ -15,5 +23,9 @@ class ModelNew(nn.Module):
         x = x.contiguous()
         lin = self.linear
         out = torch.empty(x.shape[0], lin.out_features, device=x.device)
-        kernels.linear_bias_relu(out, x, lin.weight, lin.bias, self.bias, x.shape[0], lin.in_features, lin.out_features)
+        m, k, n = x.shape[0], lin.in_features, lin.out_features
+        if kernels.device == "cuda":
+            kernels.linear_bias_relu(out, x, lin.weight, lin.bias, self.bias, gemm_workspace(x, m, n, k), m, k, n)
+        else:
+            kernels.linear_bias_relu(out, x, lin.weight, lin.bias, self.bias, m, k, n)
         return out

@@ -1,10 +1,11 @@
-// C = A @ B (row-major fp32) on the tensor cores with fp32 accuracy: the 3xTF32 GEMM of sgemm.cuh
-// with B read [K][N] as it is stored.
-#include "sgemm.cuh"
+// C = A @ B (row-major fp32) with fp32 accuracy: the wgmma 3xTF32 GEMM of wgmma.cuh, B split (and
+// transposed to K-major) into the workspace `ws` first.
+#include "wgmma.cuh"
 
-extern "C" void matmul(float* C, const float* A, const float* B, int64_t M, int64_t N, int64_t K,
+// ws: wg::workspace_bytes(M, N, K, 1, A, 0) bytes of device memory (model_new.py sizes it)
+extern "C" void matmul(float* C, const float* A, const float* B, float* ws, int64_t M, int64_t N, int64_t K,
                        cudaStream_t stream) {
-    sg::Plain e;
+    wg::Plain e;
     e.C = C;
-    sg::launch<sg::Plain, false>(A, B, M, N, K, e, stream);
+    wg::launch<wg::Plain, false>(A, B, M, N, K, e, stream, ws);
 }

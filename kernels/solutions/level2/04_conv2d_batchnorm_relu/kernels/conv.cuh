@@ -1,5 +1,5 @@
 // Stride-1, zero-padded NCHW conv2d with a fused per-output-channel epilogue, as an implicit GEMM on the
-// tensor cores with fp32 accuracy ("3xTF32", the scheme of level1/01_matmul's sgemm.cuh):
+// tensor cores with fp32 accuracy ("3xTF32", the scheme of benchmarks/sgemm.cuh):
 //   y (Co x pixels) = epi(W (Co x K, K = Ci*KH*KW, the weight's own row-major layout) @ im2col(x) (K x pixels))
 // where the pixel (GEMM N) dimension runs over (image, oh, ow) across the whole batch.
 //

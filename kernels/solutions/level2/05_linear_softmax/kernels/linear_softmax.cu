@@ -1,16 +1,15 @@
 // softmax(x W^T + b, dim=-1).
-// Pass 1: 3xTF32 tensor-core GEMM whose epilogue stores the logits z = acc + b and, per (row, 128-column tile),
-//         the partial max and sum of exp(z - max) (stats[M][ntn][2]).
+// Pass 1: the wgmma 3xTF32 GEMM of wgmma.cuh, whose epilogue stores the logits z = acc + b and, per (row,
+//         128-column tile), the partial max and sum of exp(z - max) (stats[M][ntn][2]).
 // Pass 2: one warp per row merges the ntn partials and rewrites z in place as exp(z - m) / s.
-#include "sgemm.cuh"
+#include "wgmma.cuh"
 
 namespace {
 struct Epi {
-    static constexpr bool kRowSS = false, kGain = false, kRowStats = true, kAtomic = false;
+    static constexpr bool kRowStats = true;
     float* C;
     const float* bias;
     float* stats;
-    const float* gain = nullptr;
     __device__ float apply(float acc, int64_t, int64_t col) const { return acc + __ldg(bias + col); }
 };
 
@@ -52,14 +51,15 @@ softmax_finalize(float* __restrict__ out, const float* __restrict__ stats, int64
 }
 }  // namespace
 
-// stats: float32 scratch of M * ceil(N / 128) * 2 elements on the device.
+// stats: float32 scratch of M * ceil(N / 128) * 2 elements on the device; ws: wg::workspace_bytes(M, N, K, 1, x, 0)
+// bytes (model_new.py sizes both).
 extern "C" void linear_softmax_gpu(float* out, float* stats, const float* x, const float* w, const float* bias,
-                                   int64_t M, int64_t K, int64_t N, cudaStream_t stream) {
+                                   float* ws, int64_t M, int64_t K, int64_t N, cudaStream_t stream) {
     if (M <= 0 || N <= 0) return;
     Epi e;
     e.C = out; e.bias = bias; e.stats = stats;
-    sg::launch(x, w, M, N, K, e, stream);
-    const int ntn = (int)((N + sg::BN - 1) / sg::BN);
-    const bool vec = (N % 4 == 0) && sg::aligned16(out);
+    wg::launch(x, w, M, N, K, e, stream, ws);
+    const int ntn = (int)((N + wg::BN - 1) / wg::BN);
+    const bool vec = (N % 4 == 0) && wg::aligned16(out);
     softmax_finalize<<<(unsigned)((M + 7) / 8), 256, 0, stream>>>(out, stats, M, N, ntn, vec);
 }

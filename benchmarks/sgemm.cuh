@@ -1,4 +1,5 @@
-// fp32 GEMM on the tensor cores with fp32 accuracy ("3xTF32"), with a fused epilogue.
+// fp32 GEMM on the tensor cores with fp32 accuracy ("3xTF32"), with a fused epilogue, on mma.sync: what the GEMM
+// solutions ran before wgmma.cuh (kernels/solutions/*/*/kernels/wgmma.cuh), kept as its reference and for the sweep.
 //
 // Each fp32 operand x is split into big = tf32(x) and small = tf32(x - big); the product is
 // a_small*b_big + a_big*b_small + a_big*b_big (the dropped a_small*b_small is ~2^-22 relative),

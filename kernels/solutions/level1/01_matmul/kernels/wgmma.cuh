@@ -3,7 +3,7 @@
 // Each fp32 operand x is split into big = tf32(x) and small = tf32(x - big); the product is
 // a_small*b_big + a_big*b_small + a_big*b_big (the dropped a_small*b_small is ~2^-22 relative).
 //
-// Design (4096^3 on an H200: see benchmarks/wgmma_check.cu for the measured numbers):
+// Design (4096^3 on an H200: benchmarks/wgmma_check.cu checks and times it):
 //   * pre-pass (prep_b): B is split once into big / small halves, written K-major (transposed when B is
 //     [K][N]) into a workspace ws[batch][2][N][Kp], Kp = K rounded up to 32, zero padded; tf32 wgmma
 //     needs both shared-memory operands K-major. When A cannot be read by the tensor copy engine
@@ -19,7 +19,11 @@
 //   * accuracy: the tensor cores' own accumulation truncates; over K = 4096 that drifts past 1e-4
 //     (sgemm.cuh found the same for mma.sync), so (kTileAcc) each K tile's 12 products go into a fresh
 //     temporary (scale-d = 0 on the first) that is added to the fp32 accumulators with ordinary FADDs.
-//   * epilogue: epi.apply(acc, row, col) then a direct store from the accumulator registers.
+//   * epilogue: epi.apply(acc, row, col) then a direct store from the accumulator registers; optionally
+//     (Epi::kRowSS) acc scaled first by epi.row_scale(sum of squares of the A row over all K), summed from
+//     the A fragments the consumers load anyway, and (Epi::kRowStats) per (row, 128-column tile) softmax
+//     partials (max, sum of exp(v - max)) of the stored values v written to epi.stats[M][ceil(N/128)][2]
+//     (batch 1): sgemm.cuh's epilogue contract for those two flags.
 // Measured on an H200 (benchmarks/wgmma_check.cu, 3 runs, SM clock ~1980 MHz): 4096^3 in 1.18-1.21 ms
 // (113-116 TFLOP/s, pre-pass of ~0.06 ms included) for either B layout, vs 2.32-2.40 ms for sgemm.cuh in the
 // same runs; max error ~1.5e-6 (normalized). Cfg options that did not clearly beat DefaultCfg there: KT = 2
@@ -27,12 +31,13 @@
 // accumulating straight into the accumulators (kTileAcc = false) is ~5-8% faster but fails 1e-4 at K = 4096.
 // Out-of-range rows / columns / K are zero filled by the copy engine (and the pre-pass); any M, N, K.
 //
-// API (close to sg::launch of kernels/solutions/level1/01_matmul/kernels/sgemm.cuh):
+// API (close to sg::launch of benchmarks/sgemm.cuh, the mma.sync 3xTF32 kernel the solutions used before):
 //   size_t wg::workspace_bytes(M, N, K, batch, A, sA)                 device workspace the launch needs
 //   wg::launch<Epi, kBKMajor>(A, B, M, N, K, epi, stream, ws, batch, sA, sB, sC)
 // A is [M][K] row-major; B is [N][K] (kBKMajor, as nn.Linear.weight) or [K][N] (matmul, bmm).
-// Epi: { float* C; __device__ float apply(float acc, int64_t row, int64_t col) const; } (sg::Plain fits;
-// its kRowSS / kGain / kRowStats / kAtomic flags are ignored here).
+// Epi: { float* C; __device__ float apply(float acc, int64_t row, int64_t col) const; } (wg::Plain, sg::Plain);
+// optional: kRowSS with row_scale(float ss), kRowStats with float* stats (as in sgemm.cuh; its kGain and
+// kAtomic are not supported here).
 #pragma once
 #include <cuda.h>   // CUtensorMap and the cuTensorMapEncodeTiled prototype only: no -lcuda needed
 #include <cuda_runtime.h>
@@ -41,8 +46,19 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 namespace wg {
+
+// Epi::kRowSS / Epi::kRowStats when the epilogue declares them, else false
+template <class E, class = void>
+struct RowSS : std::false_type {};
+template <class E>
+struct RowSS<E, std::void_t<decltype(E::kRowSS)>> : std::bool_constant<E::kRowSS> {};
+template <class E, class = void>
+struct RowStats : std::false_type {};
+template <class E>
+struct RowStats<E, std::void_t<decltype(E::kRowStats)>> : std::bool_constant<E::kRowStats> {};
 
 constexpr int BM = 128, BN = 128, BK = 32;
 constexpr int NT = 384;                       // producer warpgroup + 2 consumer warpgroups
@@ -72,6 +88,12 @@ struct Cfg {
     static_assert(CLUSTER == 1 || CLUSTER == 2, "CLUSTER is 1 or 2");
 };
 using DefaultCfg = Cfg<4, true, 1, 1>;
+
+// the plain product: C = A op(B)
+struct Plain {
+    float* C;
+    __device__ float apply(float acc, int64_t, int64_t) const { return acc; }
+};
 
 struct Shape {
     int M, N, ktiles;
@@ -311,9 +333,11 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int ltid = tid - 128 * wgi, warp = ltid / 32, lane = ltid % 32, g = lane / 4, t4 = lane % 4;
         const int arow = 64 * (wgi - 1) + 16 * warp + g;   // fragment rows arow, arow + 8
+        constexpr bool kSS = RowSS<Epi>::value, kStats = RowStats<Epi>::value;
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        float ss[2] = {0.f, 0.f};   // kSS: this thread's share of rows arow and arow + 8's sums of squares
         float tmp[C::kTileAcc ? 64 : 1];
         auto release = [&](int t) {   // this warp is done with the stage of tile t
             if (lane == 0) {
@@ -346,6 +370,7 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
                             const float x =
                                 *reinterpret_cast<const float*>(As + row * 128 + ((chunk ^ g) << 4) + t4 * 4);
                             split(x, ab[u][kk][i], as[u][kk][i]);
+                            if constexpr (kSS) ss[i & 1] += x * x;
                         }
                 }
             }
@@ -400,24 +425,56 @@ gemm_wgmma_tf32x3(const __grid_constant__ CUtensorMap tmA, const __grid_constant
             }
         }
 
-        // ---------------- epilogue: acc[4j + r] is row arow + 8 * (r / 2), column 8j + 2 * t4 + r % 2
+        // ---------------- epilogue: acc[4j + r] is row arow + 8 * (r / 2), column 8j + 2 * t4 + r % 2; a row's
+        // 128 columns are spread over the 4 lanes of a quad (the shuffles run on every lane, rows past M too)
         const int64_t M = sh.M, N = sh.N;
         float* Cb = epi.C + (int64_t)bz * sC;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int64_t row = m0 + arow + 8 * h;
+            float scale = 1.f;
+            if constexpr (kSS) {
+                float q = ss[h];
+                q += __shfl_xor_sync(0xffffffffu, q, 1);
+                q += __shfl_xor_sync(0xffffffffu, q, 2);
+                scale = epi.row_scale(q);
+            }
+            float v[32];
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int64_t col = n0 + 8 * j + 2 * t4 + r;
+                    v[2 * j + r] = col < N ? epi.apply(acc[4 * j + 2 * h + r] * scale, row, col) : 0.f;
+                }
+            if constexpr (kStats) {
+                float m = -INFINITY, e = 0.f;
+#pragma unroll
+                for (int c = 0; c < 32; ++c)
+                    if (n0 + 8 * (c / 2) + 2 * t4 + c % 2 < N) m = fmaxf(m, v[c]);
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+#pragma unroll
+                for (int c = 0; c < 32; ++c)
+                    if (n0 + 8 * (c / 2) + 2 * t4 + c % 2 < N) e += __expf(v[c] - m);
+                e += __shfl_xor_sync(0xffffffffu, e, 1);
+                e += __shfl_xor_sync(0xffffffffu, e, 2);
+                if (t4 == 0 && row < M) {
+                    float* st = epi.stats + (row * num_n + tn) * 2;
+                    st[0] = m;
+                    st[1] = e;
+                }
+            }
             if (row >= M) continue;
             float* Crow = Cb + row * N;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 const int64_t col = n0 + 8 * j + 2 * t4;
-                const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
                 if (vecC && col + 1 < N) {
-                    *reinterpret_cast<float2*>(Crow + col) =
-                        make_float2(epi.apply(v0, row, col), epi.apply(v1, row, col + 1));
+                    *reinterpret_cast<float2*>(Crow + col) = make_float2(v[2 * j], v[2 * j + 1]);
                 } else {
-                    if (col < N) Crow[col] = epi.apply(v0, row, col);
-                    if (col + 1 < N) Crow[col + 1] = epi.apply(v1, row, col + 1);
+                    if (col < N) Crow[col] = v[2 * j];
+                    if (col + 1 < N) Crow[col + 1] = v[2 * j + 1];
                 }
             }
         }
