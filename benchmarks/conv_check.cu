@@ -187,24 +187,14 @@ bool run_shape(const Shape& s, cudaStream_t stream) {
                 rel, (long long)nonfinite);
 
     if (s.timed) {
-        for (int i = 0; i < 3; ++i) call(dout + off, dx, dw + off, ch, s, stream);
-        CK(cudaGetLastError());
-        CK(cudaStreamSynchronize(stream));
         constexpr int R = 20;
-        cudaEvent_t ev[2 * R];
-        for (auto& e : ev) CK(cudaEventCreate(&e));
-        for (int i = 0; i < R; ++i) {
-            CK(cudaEventRecord(ev[2 * i], stream));
-            call(dout + off, dx, dw + off, ch, s, stream);
-            CK(cudaEventRecord(ev[2 * i + 1], stream));
+        const std::vector<float> ms =
+            event_times_ms([&] { call(dout + off, dx, dw + off, ch, s, stream); }, 3, R, stream);
+        if (ms.empty()) {
+            std::fprintf(stderr, "a timed launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            std::exit(1);
         }
-        CK(cudaGetLastError());
-        CK(cudaStreamSynchronize(stream));
-        std::vector<float> ms(R);
-        for (int i = 0; i < R; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-        for (auto& e : ev) CK(cudaEventDestroy(e));
-        std::sort(ms.begin(), ms.end());
-        const double med = 0.5 * (ms[R / 2 - 1] + ms[R / 2]);
+        const double med = median_ms(ms);
         const double flop = 2.0 * s.N * s.CO * OH * OW * s.C * s.KH * s.KW;
         std::printf("TIME  N=%lld C=%lld H=%lld W=%lld CO=%lld K=%lldx%lld: median %.3f ms (min %.3f, max %.3f), "
                     "%.1f TFLOP/s (%.1f GFLOP)\n",

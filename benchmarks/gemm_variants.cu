@@ -294,23 +294,13 @@ Row run_config(const char* name, Problem& P, const Opts& o) {
     row.err = bad ? NAN : worst;
     row.ok = bad == 0 && worst <= kTol;
 
-    for (int i = 0; i < o.warmup; ++i) sg::launch<sg::Plain, kBK, Cfg>(P.dA, P.dB, M, N, K, e, 0);
-    if (!launch_ok(name)) return row;
-    std::vector<cudaEvent_t> ev(2 * o.reps);
-    for (auto& x : ev) CK(cudaEventCreate(&x));
-    for (int i = 0; i < o.reps; ++i) {
-        CK(cudaEventRecord(ev[2 * i], 0));
-        sg::launch<sg::Plain, kBK, Cfg>(P.dA, P.dB, M, N, K, e, 0);
-        CK(cudaEventRecord(ev[2 * i + 1], 0));
+    const std::vector<float> ms =
+        event_times_ms([&] { sg::launch<sg::Plain, kBK, Cfg>(P.dA, P.dB, M, N, K, e, 0); }, o.warmup, o.reps);
+    if (ms.empty()) {
+        launch_ok(name);   // reports the failure
+        return row;
     }
-    const bool ran = launch_ok(name);
-    std::vector<float> ms(o.reps);
-    if (ran)
-        for (int i = 0; i < o.reps; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-    for (auto& x : ev) CK(cudaEventDestroy(x));
-    if (!ran) return row;
-    std::sort(ms.begin(), ms.end());
-    row.ms = o.reps % 2 ? ms[o.reps / 2] : 0.5 * (ms[o.reps / 2 - 1] + ms[o.reps / 2]);
+    row.ms = median_ms(ms);
     row.tflops = 2.0 * M * N * K / (row.ms * 1e-3) / 1e12;
     return row;
 }

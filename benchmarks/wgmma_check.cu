@@ -266,23 +266,12 @@ bool check_row_epilogues(int64_t M, int64_t N, int64_t K) {
 
 template <class F>
 double time_ms(F&& f, int warmup, int reps) {
-    for (int i = 0; i < warmup; ++i) f();
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    std::vector<cudaEvent_t> ev(2 * reps);
-    for (auto& x : ev) CK(cudaEventCreate(&x));
-    for (int i = 0; i < reps; ++i) {
-        CK(cudaEventRecord(ev[2 * i], 0));
-        f();
-        CK(cudaEventRecord(ev[2 * i + 1], 0));
+    const std::vector<float> ms = event_times_ms(f, warmup, reps);
+    if (ms.empty()) {
+        std::fprintf(stderr, "a timed launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        std::exit(1);
     }
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    std::vector<float> ms(reps);
-    for (int i = 0; i < reps; ++i) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-    for (auto& x : ev) CK(cudaEventDestroy(x));
-    std::sort(ms.begin(), ms.end());
-    return reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
+    return median_ms(ms);
 }
 
 template <bool kBK>
