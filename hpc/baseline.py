@@ -1,6 +1,8 @@
-"""What is measured once per task and cached: eager and torch.compile baselines, timed in clean
-sandboxed processes with the candidate's protocol (per task + scale + hardware + torch version +
-protocol), and the task's cost, its FLOPs and fewest bytes moved (per task + scale + torch version)."""
+"""What is measured once per task and cached: eager and torch.compile baselines, timed in a fresh
+worker pair by the candidate's protocol (hpc.profile.timing: inputs from the reference, the
+outside clock, the handshake's cost taken off), cached per task + scale + hardware + torch
+version + protocol; and the task's cost, its FLOPs and fewest bytes moved (per task + scale +
+torch version)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,15 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 from hpc.config import EvalConfig
 from hpc.hardware import device_name, versions
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.start_gate import start_gate_library
-from hpc.profile.timing import PROTOCOL, TimingStats
-from hpc.sandbox.process import SandboxedProcess
+from hpc.profile.timing import CALIBRATION_WARMUP, PROTOCOL, TimingStats, figures_ms, timing_calls
+from hpc.sandbox.prestart import WorkerPair, start_pair
+from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 
 
@@ -31,8 +32,7 @@ class Baseline:
 def baseline_key(task: Task, program: str, cfg: EvalConfig) -> str:
     t = cfg.timing
     parts = [task.sha256, cfg.scale, cfg.backend, device_name(cfg.backend), versions()["torch"], program, PROTOCOL,
-             str((t.warmup, t.iterations, t.flush_cache, t.flush_bytes_cpu, t.flush_bytes_cuda,
-                  t.start_gate_timeout_us))]
+             str((t.warmup, t.iterations, t.flush_cache, t.flush_bytes_cpu, t.flush_bytes_cuda, t.calibration_calls))]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -91,31 +91,32 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, loc
 
 
 def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock,
-                    proc: SandboxedProcess | None = None) -> TimingStats:
-    """Time eager or torch.compile in a fresh sandboxed process (SandboxError on failure): a new
-    one, or `proc`, a program process not yet set up (one started ahead; the caller closes it)."""
-    if proc is None:
-        with tempfile.TemporaryDirectory(prefix="hpc-baseline-") as workdir, \
-                SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend) as fresh:
+                    pair: WorkerPair | None = None) -> TimingStats:
+    """Time eager or torch.compile (`program`: eager | compile[:mode]) by the candidate's protocol in
+    a worker pair: a new one, or `pair` (one started for this; the caller closes it). SandboxError
+    when it cannot be timed."""
+    from hpc.profile.driver import PairDriver
+
+    if pair is None:
+        fresh = start_pair(cfg.sandbox, cfg.backend, trusted=True)
+        try:
             return measure_program(task, program, cfg, init_seed, lock, fresh)
+        finally:
+            fresh.kill()
+            fresh.close()
+    rng = secrets.SystemRandom()
+    draw = lambda: rng.randrange(1 << 62)   # noqa: E731
     name, _, mode = program.partition(":")
-    with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
-        proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": init_seed,
-                      "device": cfg.backend, "program": name, "mode": mode or "default", **timing_setup(cfg)})
-    with lock.exclusive():
-        reply = proc.request(timing_request(cfg, seed=init_seed + 1))
-    return TimingStats.of(reply["times_ms"])
-
-
-def timing_setup(cfg: EvalConfig) -> dict:
-    """What a timed program's setup message needs for the timing protocol (cuda: the start gate)."""
-    if cfg.backend != "cuda":
-        return {}
-    return {"start_gate": str(start_gate_library(cfg.cache_path(), cfg.compile.cuda_arch)),
-            "start_gate_timeout_us": cfg.timing.start_gate_timeout_us}
-
-
-def timing_request(cfg: EvalConfig, seed: int) -> dict:
+    driver = PairDriver(pair, cfg)
     t = cfg.timing
-    flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
-    return {"op": "time", "seed": seed, "warmup": t.warmup, "iterations": t.iterations, "flush_bytes": flush}
+    with lock.shared():
+        driver.setup(task, init_seed, draw())
+    with lock.exclusive():
+        overhead_ns = driver.calibrate([draw() for _ in range(t.calibration_calls + CALIBRATION_WARMUP)])
+    with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
+        driver.load({"program": name, "mode": mode or "default"})
+    with lock.exclusive():
+        result = driver.run(timing_calls([draw() for _ in range(t.warmup + t.iterations)], t.warmup, set()))
+    if result.failure is not None:
+        raise SandboxError(f"{program} could not be timed: {result.failure.reason}", "error")
+    return TimingStats.of(figures_ms(result.times_ns, overhead_ns))

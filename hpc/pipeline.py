@@ -1,39 +1,37 @@
 """Evaluate one candidate on one task: static -> compile -> load -> correctness -> timing -> baseline -> reward.
 
-The harness (this process) never imports task or candidate code. The reference and the
-candidate each run in their own sandboxed process; reference outputs stay in this process and
-are compared here. Every stage that fails leaves a named reason in the record.
+The harness (this process) never imports task or candidate code. The reference (the task's code,
+trusted) and the candidate each run in their own sandboxed process; every input the candidate sees
+is made by the reference from seeds only the two trusted processes know, every output is checked
+outside the candidate's process, and every time is read on a clock outside it
+(hpc.profile.timing). Every stage that fails leaves a named reason in the record.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 import secrets
-import statistics
 import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.baseline import get_baselines, task_cost, timing_request, timing_setup
+from hpc.baseline import get_baselines, task_cost
 from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import device_name, versions
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.timing import TimingStats
+from hpc.profile.driver import PairDriver
+from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, TimingStats, figures_ms, timing_calls
 from hpc.results.record import EvalRecord
 from hpc.runner.op_monitor import op_monitor_library
 from hpc.reward import compute_reward
-from hpc.sandbox import cuda_ipc
-from hpc.sandbox.prestart import WorkerPair, worker_pair
-from hpc.sandbox.process import SandboxedProcess, SandboxError
+from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
+from hpc.sandbox.process import SandboxError
 from hpc.task import Task
-from hpc.verify.compare import Comparison, compare_fingerprints, compare_outputs
 from hpc.verify.static import kernel_defect, link_flags, source_defect
 
 _BUILD_FAILED = "Error building extension"
@@ -96,9 +94,8 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
                 _compile(rec, candidate, cfg, candidate.materialize(Path(workroot)).parent, [])
         clock.mark("compile")
         return
-    seeds = _Seeds.draw(cfg)
-    rec.seeds = json.dumps({"init": seeds.init, "trials": seeds.trials, "timing": seeds.timing,
-                            "timed_checks": seeds.checked})
+    seeds = Seeds.draw(cfg)
+    rec.seeds = seeds.to_json()
     writable = _extension_dir(candidate, cfg)
     with ExitStack() as stack:
         pair = worker_pair(cfg.sandbox, cfg.backend, writable)
@@ -111,6 +108,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
             return
         if not _run_processes(rec, task, candidate, cfg, pair, model_file, env, seeds, lock, stop_after, clock):
             return
+        clock.mark("cost")
     clock.mark("shutdown")
     try:
         baselines = get_baselines(task, cfg, seeds.init, lock)
@@ -154,210 +152,113 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
         rec.fail("compile", _first_error(result.log))
         return {}
     rec.compiled = True
-    return {"HPC_KERNEL_LIBRARY": str(result.library)}
+    return {"HPC_KERNEL_LIBRARY": str(harness_file(result.library, cand_dir, "kernels.so"))}
+
 
 
 @dataclass
-class _Seeds:
-    """Every seed of one evaluation, drawn fresh (unless the config fixes them) and recorded."""
+class Seeds:
+    """Every seed of one evaluation. The init seed (the weights) is the candidate's to know; every
+    other seed makes inputs it sees only when its call starts, so each is drawn on its own from the
+    system's randomness, never derived from another. A config with a fixed `seed` derives them all
+    from it, reproducibly and so predictably: for debugging, never for a reward."""
 
     init: int
+    probe: int
+    calibration: list[int]
     trials: list[dict]
-    timing: int
-    checked: list[int]   # timed iterations whose outputs are checked against the reference
+    timing: list[int]
+    checked: list[int]        # timed calls (indexes among them) whose outputs are checked
 
     @classmethod
-    def draw(cls, cfg: EvalConfig) -> _Seeds:
-        rng = secrets.SystemRandom()
-        base = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
-        trials = [{"seed": base + 1 + k, "distribution": "default"} for k in range(cfg.correctness.trials)]
-        trials += [{"seed": base + 101 + k, "distribution": d} for k, d in enumerate(cfg.correctness.distributions)]
-        return cls(base, [{**t, "index": k} for k, t in enumerate(trials)], base + 1001,
-                   sorted(rng.sample(range(cfg.timing.iterations), cfg.correctness.timed_checks)))
+    def draw(cls, cfg: EvalConfig) -> Seeds:
+        if cfg.seed >= 0:
+            import random
+
+            rng = random.Random(cfg.seed)
+        else:
+            rng = secrets.SystemRandom()
+        t = cfg.timing
+        draw = lambda: rng.randrange(1 << 62)   # noqa: E731
+        init = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
+        trials = [{"seed": draw(), "distribution": "default"} for _ in range(cfg.correctness.trials)]
+        trials += [{"seed": draw(), "distribution": d} for d in cfg.correctness.distributions]
+        return cls(init, draw(), [draw() for _ in range(t.calibration_calls + CALIBRATION_WARMUP)], trials,
+                   [draw() for _ in range(t.warmup + t.iterations)],
+                   sorted(rng.sample(range(t.iterations), cfg.correctness.timed_checks)))
+
+    def to_json(self) -> str:
+        """What the record keeps (written after the evaluation, when no worker is alive)."""
+        return json.dumps({"init": self.init, "trials": [{**t, "index": k} for k, t in enumerate(self.trials)],
+                           "timing": self.timing, "timed_checks": self.checked})
 
 
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
-                   model_file: Path, env: dict[str, str], seeds: _Seeds, lock: DeviceLock, stop_after: str,
+                   model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: str,
                    clock: _StageClock) -> bool:
     """Load, correctness and timing in the pair's two processes. False when a stage failed or
     `stop_after` ended the evaluation."""
-    setup = {"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": seeds.init,
-             "device": cfg.backend}
-    ref, cand = pair.reference, pair.program
-    rec.isolation = json.dumps(cand.isolation)
+    driver = PairDriver(pair, cfg)
+    rec.isolation = json.dumps(pair.program.isolation)
     stage = "load"
     try:
-        with lock.shared():   # both set up at once; the reference's failure is the task's, reported first
-            ref.send(setup)
-            cand.send({**setup, **timing_setup(cfg), "program": "candidate", "model_file": str(model_file),
-                       "op_monitor": str(op_monitor_library(cfg.cache_path())),
-                       "environment": env, "share_outputs": cfg.backend == "cuda" and cfg.sandbox.share_outputs,
-                       "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
-                                  "require_custom_kernel": cfg.policy.require_custom_kernel}})
-            try:
-                ref.receive("setup")
-            except SandboxError as e:
-                rec.fail("load", f"reference: {e.reason}", "error")
-                return False
-            loaded = cand.receive("setup")
-            share = "ipc_probe" in loaded and ref.request(
-                {"op": "probe_ipc", "probe": loaded["ipc_probe"]}).get("ok") is True
-            rec.isolation = json.dumps({**cand.isolation, "outputs_shared": share})
+        with lock.shared():
+            driver.setup(task, seeds.init, seeds.probe)
+        overhead_ns = 0.0
+        if stop_after == "reward":   # timed later: the handshake's cost, before any candidate code exists
+            with lock.exclusive():
+                overhead_ns = driver.calibrate(seeds.calibration)
+            rec.overhead_ms = overhead_ns / 1e6
+        with lock.shared():
+            monitor = harness_file(op_monitor_library(cfg.cache_path()), pair.candidate_dir, "op_monitor.so")
+            driver.load({"program": "candidate", "model_file": str(model_file), "op_monitor": str(monitor),
+                         "environment": env,
+                         "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
+                                    "require_custom_kernel": cfg.policy.require_custom_kernel}})
         rec.compiled = True
         clock.mark("load")
         stage = "correctness"
-        dtypes = _check_correctness(rec, ref, cand, seeds.trials, cfg, lock, share)
+        trials = [Call(t["seed"], t["distribution"], checked=True, check_inputs=True, poison=k % 2)
+                  for k, t in enumerate(seeds.trials)]
+        with lock.shared():
+            result = driver.run(trials, batch_limit=1)   # each trial checked before the next runs
+        rec.max_abs_error, rec.max_rel_error = result.checks["max_abs_error"], result.checks["max_rel_error"]
+        rec.trials = result.checks["checked"]
         clock.mark("correctness")
-        if rec.failed_stage or stop_after == "correctness":
+        if result.failure is not None:
+            failure = result.failure
+            if failure.kind == "correctness" and 0 <= failure.call < len(trials):
+                t = seeds.trials[failure.call]
+                failure.reason = f"trial {failure.call} (seed {t['seed']}, {t['distribution']} inputs): {failure.reason}"
+            _fail(rec, stage, failure, cfg)
+            return False
+        rec.correct = True
+        if stop_after == "correctness":
             return False
         stage = "timing"
-        _time_candidate(rec, task, ref, cand, cfg, seeds.timing, seeds.checked, dtypes, lock)
+        calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked))
+        with lock.exclusive():
+            result = driver.run(calls)
         clock.mark("timing")
+        if result.failure is not None:
+            failure = result.failure
+            if failure.kind == "correctness":
+                rec.correct = False
+                timed = failure.call - cfg.timing.warmup
+                failure.reason = f"output of timed call {timed} is wrong (stale, cached or unfinished?): {failure.reason}"
+            _fail(rec, stage, failure, cfg)
+            return False
     except SandboxError as e:
         clock.mark(stage)
         _fail_from_sandbox(rec, stage, e, candidate)
         return False
-    return not rec.failed_stage
-
-
-def _first_error(log: str) -> str:
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln]
-    return "compile error: " + ((errors or lines or ["compiler failed"])[0])[:300]
-
-
-def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: Candidate) -> None:
-    if e.kind == "policy":
-        rec.fail(stage, f"policy: {e.reason}")
-    elif e.kind == "task":
-        rec.fail("load", e.reason, "error")
-    elif e.kind == "harness":
-        rec.fail(stage, e.reason, "error")
-    elif stage == "load" and candidate.kind == SINGLE_FILE and _BUILD_FAILED in e.reason:
-        rec.fail("compile", f"load_inline: {e.reason}")
-    else:
-        rec.fail(stage, e.reason if e.kind != "crash" else f"candidate process {e.reason}")
-
-
-def _check_correctness(rec: EvalRecord, ref: SandboxedProcess, cand: SandboxedProcess, trials: list,
-                       cfg: EvalConfig, lock: DeviceLock, share: bool) -> list:
-    """One trial at a time, so at most one trial's outputs are held here at once. With `share`
-    (CUDA IPC works between the two processes) the reference keeps its outputs on the device
-    and compares the program's there (`_compare_shared`): no output crosses a pipe."""
-    dtypes: list = []
-    on_gpu = cfg.backend == "cuda"
-    rec.max_abs_error = rec.max_rel_error = 0.0
-    for k, trial in enumerate(trials):
-        with lock.shared():   # both compute at once; the replies are read one after the other
-            ref.send({"op": "outputs", "trials": [trial], "keep": share})
-            cand.send({"op": "outputs", "trials": [trial], "export": share})
-            expected = ref.receive("outputs").get("outputs", [None])[0]
-            got = cand.receive("outputs")["outputs"][0]
-            shared = share and isinstance(got, list) and all(map(cuda_ipc.is_exported, got))
-            if shared:
-                cmp, dtypes = _compare_shared(ref, got, cfg)
-            else:
-                if share:
-                    expected = ref.request({"op": "kept_outputs"})["outputs"][0]
-                if on_gpu:
-                    cmp = compare_outputs(expected, got, cfg.correctness, "cuda")
-        if not on_gpu:      # on the host: outside the lock, so other evaluations' timings go on
-            cmp = compare_outputs(expected, got, cfg.correctness)
-        rec.max_abs_error = max(rec.max_abs_error, cmp.max_abs_error)
-        rec.max_rel_error = max(rec.max_rel_error, cmp.max_rel_error)
-        rec.trials = k + 1
-        if not cmp.ok:
-            rec.fail("correctness", f"trial {k} (seed {trial['seed']}, {trial['distribution']} inputs): {cmp.reason}")
-            return dtypes
-        if not shared:
-            dtypes = [t.dtype for t in expected]
-    rec.correct = True
-    return dtypes
-
-
-def _compare_shared(ref: SandboxedProcess, got: list, cfg: EvalConfig) -> tuple[Comparison, list]:
-    """The reference's verdict on the program's exported outputs; an export it cannot map is the
-    program's failure (only the program's process could have made it so)."""
-    try:
-        reply = ref.request({"op": "compare", "outputs": got, "correctness": dataclasses.asdict(cfg.correctness)})
-    except SandboxError as e:
-        if e.kind != "program":
-            raise
-        return Comparison(False, e.reason), []
-    fields = reply.get("comparison")
-    if not isinstance(fields, dict) or set(fields) != {f.name for f in dataclasses.fields(Comparison)}:
-        raise SandboxError("malformed comparison from the reference process", "error")
-    return Comparison(**fields), [cuda_ipc.DTYPES[name] for name in reply.get("dtypes", [])]
-
-
-def _host_clock_ms(cand: SandboxedProcess, t, seed: int, flush: int) -> tuple[float, float]:
-    """Single calls timed twice: by the worker's clock as in the timed loop, and by this process's
-    clock (round trip less an empty round trip). Returns both minima in milliseconds.
-
-    Both wrap the same calls, so a busy machine or sleeping thread pools move them together;
-    only a worker whose clock under-reports leaves the first far below the second. Minima, not
-    medians: on an oversubscribed CPU a descheduled harness adds milliseconds to a round trip
-    (never subtracts), and the least disturbed call shows the true cost on both clocks.
-    """
-    cand.request({"op": "prepare_calls", "seed": seed + 7, "size": t.host_check_calls, "flush_bytes": flush})
-    reported, calls, empty = [], [], []
-    for j in range(t.host_check_calls):
-        start = time.perf_counter()
-        cand.request({"op": "run_call", "index": -1})
-        middle = time.perf_counter()
-        ms = cand.request({"op": "run_call", "index": j}).get("ms")
-        calls.append(time.perf_counter() - middle)
-        empty.append(middle - start)
-        reported.append(ms if isinstance(ms, float) else math.nan)
-    host = max(min(calls) - min(empty), 0.0) * 1e3
-    return (min(reported) if all(map(math.isfinite, reported)) else math.nan), host
-
-
-def _time_candidate(rec: EvalRecord, task: Task, ref: SandboxedProcess, cand: SandboxedProcess, cfg: EvalConfig,
-                    seed: int, checked: list[int], dtypes: list, lock: DeviceLock) -> None:
-    t = cfg.timing
-    with lock.exclusive():
-        reply = cand.request(timing_request(cfg, seed))
-    times = reply.get("times_ms")
-    if not isinstance(times, list) or len(times) != t.iterations or not all(
-            isinstance(x, float) and x > 0 for x in times):
-        rec.fail("timing", "malformed timing reply")
-        return
+    rec.timed_checks = result.checks["checked"]
+    times = figures_ms(result.times_ns, overhead_ns)
     rec.candidate_times_ms = times
     stats = TimingStats.of(times)
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
-    host = reply.get("host_ms")
-    if isinstance(host, list) and host and all(isinstance(x, float) for x in host):
-        rec.candidate_host_ms = statistics.median(host)
-    if reply.get("timers_intact") is not True:
-        rec.fail("timing", "timer functions were replaced during the run")
-        return
-    prints = reply.get("fingerprints")
-    with lock.shared():
-        expected = ref.request({"op": "fingerprints", "seed": seed, "iterations": checked})["fingerprints"]
-    for i, fp in zip(checked, expected):
-        if not isinstance(prints, list) or len(prints) != t.iterations or not compare_fingerprints(
-                fp, prints[i], cfg.correctness, dtypes):
-            rec.correct = False
-            rec.fail("timing", f"output of timed iteration {i} is wrong (stale or cached result?)")
-            return
-    rec.timed_checks = len(checked)
-    flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
-    # A deferred-work or clock-tampering candidate under-reports every time; an honest one on an
-    # oversubscribed host can lose one measurement to the scheduler (every round trip delayed), so
-    # a pass in any of a few fresh measurements is a pass.
-    for _ in range(t.host_check_attempts):
-        with lock.exclusive():
-            reported, rec.host_check_ms = _host_clock_ms(cand, t, seed, flush)
-        if reported >= t.host_check_ratio * rec.host_check_ms:
-            break
-    else:
-        rec.fail("timing", f"reported {reported:.4g} ms per call but the harness clock measured "
-                           f"{rec.host_check_ms:.4g} ms for the same calls, in each of {t.host_check_attempts} "
-                           "measurements (timer tampering or deferred work)")
-        return
-    cost = task_cost(task, cfg, ref, seed, lock)
+    cost = task_cost(task, cfg, pair.reference, seeds.probe, lock)
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
     bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
     if bandwidth or tflops:
@@ -366,3 +267,38 @@ def _time_candidate(rec: EvalRecord, task: Task, ref: SandboxedProcess, cand: Sa
         if rec.candidate_ms < rec.floor_ms:
             rec.fail("timing", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
                                f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
+            return False
+    return True
+
+
+def _first_error(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "undefined reference" in ln]
+    return "compile error: " + ((errors or lines or ["compiler failed"])[0])[:300]
+
+
+def _fail(rec: EvalRecord, stage: str, failure: Failure, cfg: EvalConfig) -> None:
+    """A loop's failure, charged to the candidate unless it was the task's or the harness's."""
+    if failure.kind in ("task", "harness"):
+        rec.fail(stage, failure.reason, "error")
+    elif failure.kind == "policy":
+        rec.fail(stage, f"policy: {failure.reason}")
+    elif failure.kind == "timeout":
+        rec.fail(stage, f"timed out after {cfg.sandbox.timeout_s:.0f} s in {stage}")
+    elif failure.kind == "crash":
+        rec.fail(stage, f"candidate process {failure.reason}")
+    else:
+        rec.fail(stage, failure.reason)
+
+
+def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: Candidate) -> None:
+    if e.kind == "policy":
+        rec.fail(stage, f"policy: {e.reason}")
+    elif e.kind == "task":
+        rec.fail("load" if stage == "load" else stage, e.reason, "error")
+    elif e.kind == "harness":
+        rec.fail(stage, e.reason, "error")
+    elif stage == "load" and candidate.kind == SINGLE_FILE and _BUILD_FAILED in e.reason:
+        rec.fail("compile", f"load_inline: {e.reason}")
+    else:
+        rec.fail(stage, e.reason if e.kind != "crash" else f"candidate process {e.reason}")

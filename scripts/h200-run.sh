@@ -9,7 +9,6 @@
 #         gemm        the GEMM-family solutions at odd shapes (tests/gpu/test_gemm_solutions.py)
 #         tests       the GPU test suite (scripts/test-gpu.sh; TEST_K selects with pytest -k)
 #         suite       every shipped solution through `hpc eval-suite` at GPU scale (SUITE_ARGS adds flags)
-#         hostpath    where the host side of a timed call goes (candidate vs eager; HOSTPATH_ARGS adds flags)
 #         profile     every harness request of serial evaluations, with and without prestarted
 #                     processes (benchmarks/evaluation_profile.py; PROFILE_ARGS adds flags)
 #         protocol    the timing protocol on spin kernels of known duration vs naive events
@@ -45,9 +44,8 @@ for spec in "$@"; do
                [ -n "${TEST_K:-}" ] && cmd+=(-k "$TEST_K") ;;
         suite) cmd=(python3 -m hpc.cli eval-suite kernels/tasks kernels/solutions --backend cuda --scale gpu
                     --out "$out/suite.h5" ${SUITE_ARGS:-}) ;;
-        hostpath) cmd=(python3 benchmarks/host_path.py ${HOSTPATH_ARGS:-}) ;;
         profile) cmd=(python3 benchmarks/evaluation_profile.py --backend cuda --out "$out/profile.json" ${PROFILE_ARGS:-}) ;;
-        protocol) cmd=(python3 benchmarks/timing_protocol.py --out "$out/protocol.json") ;;
+        protocol) cmd=(python3 benchmarks/outside_clock.py --backend cuda --out "$out/protocol.json" ${PROTOCOL_ARGS:-}) ;;
         quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json" ${QUALITY_ARGS:-}) ;;
         throughput) cmd=(python3 benchmarks/eval_throughput.py --backend cuda --only level1
                          --out "$out/throughput.json") ;;

@@ -23,7 +23,7 @@ def make_fast_config(cache_dir: Path, backend: str = "cpu"):
     cfg = load_config(cache_dir=str(cache_dir), backend=backend, scale="gpu" if backend == "cuda" else "cpu")
     cfg.timing.warmup = 2
     cfg.timing.iterations = 20
-    cfg.timing.host_check_calls = 10
+    cfg.timing.calibration_calls = 15
     cfg.correctness.timed_checks = 3
     cfg.sandbox.timeout_s = 180
     cfg.validate()

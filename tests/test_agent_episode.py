@@ -31,7 +31,7 @@ def small_eval_config(cache_dir: Path):
     """The real pipeline, cut to the fewest trials and timed calls that still exercise every stage."""
     cfg = make_fast_config(cache_dir)
     cfg.correctness.trials, cfg.correctness.distributions, cfg.correctness.timed_checks = 2, [], 2
-    cfg.timing.warmup, cfg.timing.iterations, cfg.timing.host_check_calls = 1, 10, 5
+    cfg.timing.warmup, cfg.timing.iterations, cfg.timing.calibration_calls = 1, 10, 10
     cfg.validate()
     return cfg
 

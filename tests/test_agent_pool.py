@@ -27,9 +27,9 @@ def test_an_episode_on_the_reward_pool_is_paid_by_a_worker_rank(tmp_path, cache_
         call("compile") + call("verify"),
         call("profile"),
         call("finish")]))
-    config = tmp_path / "eval.yaml"   # two ranks on a 2-core machine: the host-clock check is off (as in test_pool)
+    config = tmp_path / "eval.yaml"
     config.write_text("correctness:\n  trials: 2\n  distributions: []\n  timed_checks: 2\n"
-                      "timing:\n  warmup: 1\n  host_check_calls: 5\n  host_check_ratio: 0.0\n")
+                      "timing:\n  warmup: 1\n  calibration_calls: 10\n")
     out = tmp_path / "trajectory.json"
     env = {**os.environ, "HPC_CACHE_DIR": str(cache_dir), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1", "TMPDIR": str(tmp_path)}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.compile.native import arch_flags, cache_key, compile_workdir, default_toolchain, kernel_sources, symbol_defect
+from hpc.compile.native import arch_flags, cache_key, compile_workdir, default_toolchain, kernel_sources
 from tests.conftest import ROOT, TESTS
 
 HONEST = TESTS / "fixtures" / "honest_relu"
@@ -104,13 +104,3 @@ def test_kernel_check_programs_build_against_the_shipped_headers(tmp_path, progr
            str(ROOT / "benchmarks" / program)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and out.is_file(), proc.stderr[-2000:]
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_timing_start_gate_builds_once_and_passes_the_symbol_check(tmp_path):
-    from hpc.profile.start_gate import start_gate_library
-
-    library = start_gate_library(tmp_path, "sm_90")
-    assert library.is_file() and symbol_defect(library) == ""
-    assert start_gate_library(tmp_path, "sm_90") == library
-    assert len(list((tmp_path / "native").iterdir())) == 1

@@ -18,6 +18,7 @@ from hpc.task import load_task
 from tests.conftest import RELU_TASK, TESTS
 
 HACKS = TESTS / "hacks"
+RELU_LARGE = TESTS / "fixtures" / "tasks" / "level1" / "relu_large.py"
 
 # hack -> (stage that rejects it, words the reason must contain)
 EXPECTED = {
@@ -53,8 +54,11 @@ def config(request, fast_config, cache_dir):
     return fast_config if request.param == "cpu" else request.getfixturevalue("cuda_config")
 
 
+PAID_BY_REAL_TIME = ["clock_rewrite"]   # correct, lying about time: paid as honest (tests below)
+
+
 def test_every_hack_folder_has_an_expectation():
-    assert sorted(p.name for p in HACKS.iterdir() if p.is_dir()) == sorted([*EXPECTED, "hang"])
+    assert sorted(p.name for p in HACKS.iterdir() if p.is_dir()) == sorted([*EXPECTED, *PAID_BY_REAL_TIME, "hang"])
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -70,7 +74,7 @@ def test_hack_is_rejected(name, config):
 @pytest.fixture
 def past_the_symbol_check(monkeypatch):
     """The timer hacks as if they had found a way into the interpreter that the link-time symbol
-    check does not see: the timing checks behind it must still hold."""
+    check does not see: the timing behind it must still hold."""
     from hpc.compile import native
 
     monkeypatch.setattr(native, "symbol_defect", lambda library, timeout=60.0: "")
@@ -87,18 +91,30 @@ def _timer_hack(tmp_path, both: int) -> Path:
     return hack
 
 
-def test_timers_patched_from_c_are_caught_at_timing(tmp_path, config, past_the_symbol_check):
-    rec = evaluate(load_task(RELU_TASK), load_candidate(_timer_hack(tmp_path, 0)), config)
-    assert rec.failed_stage == "timing" and "timer functions were replaced" in rec.reason, rec.reason
-    assert rec.reward == -1.0
+@pytest.fixture
+def honest_ms(config):
+    """An honest ReLU's figure on this machine, measured now: what a clock forger is held to."""
+    rec = evaluate(load_task(RELU_LARGE), load_candidate(TESTS / "fixtures" / "honest_relu"), config)
+    assert rec.status == "ok", rec.reason
+    return rec.candidate_ms
 
 
-def test_timers_patched_consistently_are_caught_by_the_harness_clock(tmp_path, config, past_the_symbol_check):
-    """Clock and the timing module's captured copy replaced together: only the harness's own clock can tell."""
-    rec = evaluate(load_task(RELU_TASK), load_candidate(_timer_hack(tmp_path, 1)), config)
-    assert rec.failed_stage == "timing" and "harness clock" in rec.reason, rec.reason
-    assert f"each of {config.timing.host_check_attempts} measurements" in rec.reason, rec.reason
-    assert rec.reward == -1.0
+def _paid_by_real_time(rec, honest_ms: float) -> None:
+    """A correct ReLU whose process lies about time is paid like an honest one: the figure comes from
+    a clock outside its process (its own clock, 1000x slow, would read ~0.001x; 0.1x leaves room
+    for a loaded machine's noise)."""
+    assert rec.status == "ok", rec.reason
+    assert rec.candidate_ms > 0.1 * honest_ms, (rec.candidate_ms, honest_ms)
+
+
+def test_clocks_rewritten_through_the_python_c_api_change_nothing(tmp_path, config, past_the_symbol_check, honest_ms):
+    """time.perf_counter_ns and the timing module's names replaced with a clock 1000x slow."""
+    _paid_by_real_time(evaluate(load_task(RELU_LARGE), load_candidate(_timer_hack(tmp_path, 1)), config), honest_ms)
+
+
+def test_libc_clock_rewritten_in_memory_changes_nothing(config, honest_ms):
+    """Native code patches libc's clock_gettime (every clock of its process) to run 1000x slow."""
+    _paid_by_real_time(evaluate(load_task(RELU_LARGE), load_candidate(HACKS / "clock_rewrite"), config), honest_ms)
 
 
 def test_hang_is_killed_at_the_timeout(config):
@@ -158,7 +174,8 @@ def test_honest_workdir_is_paid(config):
     assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
     stages = json.loads(rec.stage_seconds)    # the stages, and the device lock's waits and exclusive hold
     assert {"compile", "load", "correctness", "timing"} <= set(stages)
-    assert 0 < stages["lock_held_exclusive"] <= stages["timing"] and stages["lock_wait_shared"] >= 0
+    assert 0 < stages["lock_held_exclusive"] <= stages["load"] + stages["timing"] and stages["lock_wait_shared"] >= 0
+    assert rec.overhead_ms > 0    # the handshake's cost, measured on the empty program, taken off
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc.baseline import get_baselines
 from hpc.candidate import load_candidate
 from hpc.config import SandboxConfig
 from hpc.pipeline import evaluate
@@ -31,6 +32,7 @@ def _alive(pid: int) -> bool:
 
 def test_evaluations_in_a_block_take_prestarted_processes_and_leave_none_behind(fast_config):
     task, candidate = load_task(RELU_TASK), load_candidate(SOLUTION)
+    get_baselines(task, fast_config, 1)   # cached first: a baseline's own pair is not an evaluation's
     seen: list[tuple[int, int]] = []
     real_kill = prestart.WorkerPair.kill
 

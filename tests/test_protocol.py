@@ -65,30 +65,3 @@ def _raw(header: dict, *buffers: bytes):
 def test_a_malformed_reply_is_refused_with_a_reason(header, buffers, match):
     with pytest.raises(ValueError, match=match):
         _raw(header, *buffers)
-
-
-@pytest.mark.parametrize("described, words", [
-    ({"$cuda_ipc": {"handle": "ab" * 64, "offset": 0, "dtype": "float32", "shape": [4]}, "handle": 5}, "not exported"),
-    ({"$cuda_ipc": {"handle": "ab" * 64, "offset": -1, "dtype": "float32", "shape": [4]}}, "malformed"),
-    ({"$cuda_ipc": {"handle": "ab" * 64, "offset": 0, "dtype": "object", "shape": [4]}}, "malformed"),
-    ({"$cuda_ipc": {"handle": "ab" * 64, "offset": 0, "dtype": "float32", "shape": [-4]}}, "malformed"),
-    ({"$cuda_ipc": {"handle": "ab" * 64, "offset": 0, "dtype": "float32", "shape": "4"}}, "malformed"),
-    ({"$cuda_ipc": {"handle": "ab" * 63, "offset": 0, "dtype": "float32", "shape": [4]}}, "handle is malformed"),
-    ({"$cuda_ipc": {"handle": "zz" * 64, "offset": 0, "dtype": "float32", "shape": [4]}}, "handle is malformed"),
-    ({"$cuda_ipc": "x"}, "not exported"),
-])
-def test_a_malformed_cuda_ipc_description_is_refused_before_the_driver_sees_it(described, words):
-    from hpc.sandbox.cuda_ipc import IpcError, _spec
-
-    with pytest.raises(IpcError, match=words):
-        _spec(described)
-
-
-def test_a_cuda_ipc_description_gives_the_byte_count_its_dtype_and_shape_imply():
-    from hpc.sandbox.cuda_ipc import _spec, is_exported
-
-    described = {"$cuda_ipc": {"handle": "ab" * 64, "offset": 512, "dtype": "bfloat16", "shape": [3, 5]}}
-    handle, offset, dtype, shape, nbytes = _spec(described)
-    assert is_exported(described) and not is_exported(torch.zeros(1)) and not is_exported({"$tensor": 0})
-    assert handle == bytes.fromhex("ab" * 64) and offset == 512 and dtype == torch.bfloat16
-    assert shape == [3, 5] and nbytes == 30

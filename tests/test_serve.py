@@ -293,7 +293,7 @@ def test_bad_serve_arguments_are_one_line(args, words):
 def _small_eval_config(cache_dir):
     cfg = make_fast_config(cache_dir)
     cfg.correctness.trials, cfg.correctness.distributions, cfg.correctness.timed_checks = 2, [], 2
-    cfg.timing.warmup, cfg.timing.iterations, cfg.timing.host_check_calls = 1, 10, 5
+    cfg.timing.warmup, cfg.timing.iterations, cfg.timing.calibration_calls = 1, 10, 10
     cfg.validate()
     return cfg
 

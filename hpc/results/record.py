@@ -45,8 +45,7 @@ class EvalRecord:
     candidate_iqr_ms: float = math.nan
     candidate_cv: float = math.nan
     candidate_noise: float = math.nan
-    candidate_host_ms: float = math.nan  # median host side of a timed call; near candidate_ms: host-bound
-    host_check_ms: float = math.nan
+    overhead_ms: float = math.nan       # the handshake's fixed cost, taken off every call's outside-clock time
     flops: float = math.nan
     min_bytes: float = math.nan
     floor_ms: float = math.nan         # max(flops / peak, min_bytes / bandwidth); NaN when no ceilings

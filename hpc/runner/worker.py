@@ -1,14 +1,19 @@
-"""The roles a sandboxed worker plays. Each answers the harness's messages (see hpc.sandbox.protocol).
+"""The roles a sandboxed worker plays. Each answers the harness's messages (hpc.sandbox.protocol)
+and shares memory and pipes with the other (hpc.sandbox.exchange).
 
-reference: the task's Model; computes outputs for given seeds (on the GPU it keeps them and
-           compares the program's outputs, shared through CUDA IPC, with them).
-program:   something timed under the protocol: the candidate's ModelNew (guarded by the
-           policy), eager Model, or torch.compile(Model).
+reference: trusted; runs the task's code, never a candidate's. It makes every input of every call
+           from seeds only it and the harness know, and checks every output against the task's
+           Model on the same inputs. On cuda it also drives the program's calls (it owns the
+           device memory involved) and times them on its own clock (hpc.profile.timing).
+program:   runs calls on the inputs in its slot when told to: first an empty program (the
+           handshake's cost, measured before anything else is loaded), then the candidate's
+           ModelNew under the op policy, eager Model, or torch.compile(Model).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 import time
@@ -17,16 +22,16 @@ from pathlib import Path
 import torch
 
 from hpc.config import CorrectnessConfig
-from hpc.profile.timing import (CacheFlusher, install_start_gate, synchronize, time_call, time_calls,
-                                timers_intact)
-from hpc.runner.guard import ALLOWED_OPS, POISON, ForwardGuard, PolicyViolation
-from hpc.runner.inputs import as_tuple, fingerprint, init_model, make_inputs, timed_inputs
+from hpc.profile.timing import POISON, Call, Failure, run_calls, stop_program
+from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, PolicyViolation
+from hpc.runner.inputs import as_tuple, init_model, make_inputs
 from hpc.runner.op_monitor import OpMonitor
 from hpc.sandbox import cuda_ipc
+from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, ExchangeFds, InputLayout,
+                                  OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
+                                  read_outputs, send_frame, set_spinning, write_failure, write_outputs)
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
-
-_PROBE = 4096   # int32 elements of the CUDA IPC probe
 
 
 class WorkerError(Exception):
@@ -50,22 +55,47 @@ def _device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _to_host(output, device: torch.device) -> list:
-    """Outputs on the host, through pinned memory from a GPU (twice the bandwidth of pageable)."""
-    synchronize(device)
-    return [(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t) if t.is_cuda else t.detach())
-            if isinstance(t, torch.Tensor) else t for t in as_tuple(output)]
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _task_error(what: str, e: BaseException) -> WorkerError:
+    return WorkerError(f"{what}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                       "task")
+
+
+def _views(buffer: torch.Tensor, layout: InputLayout) -> list:
+    """The inputs of one call over `buffer` (uint8, laid out as `layout`)."""
+    out = []
+    for entry in layout.entries:
+        if isinstance(entry, TensorSpec):
+            raw = buffer[entry.offset:entry.offset + entry.nbytes]
+            out.append(raw.view(getattr(torch, entry.dtype)).view(entry.shape))
+        else:
+            out.append(entry["value"])
+    return out
 
 
 class _Worker:
-    def setup(self, msg: dict) -> dict:
+    def setup_task(self, msg: dict) -> None:
         self.device = _device(msg["device"])
         try:
             self.task = load_task_module(msg["task"], msg["scale"])
         except Exception as e:
-            raise WorkerError(f"task failed to load: {type(e).__name__}: {e}", "task") from None
+            raise _task_error("task failed to load", e) from None
         self.init_seed = int(msg["init_seed"])
-        return {}
+
+    def attach_exchange(self, msg: dict) -> None:
+        self.fds = ExchangeFds.from_message(msg["fds"])
+        self.header = map_fd(self.fds.header, HEADER_BYTES)
+        self.layout = InputLayout.from_message(msg["layout"])
+        self.outputs = [TensorSpec.parse(o) for o in msg["outputs"]]
+        self.spin = bool(msg["spin"])
 
     def ready(self, msg: dict) -> dict:
         """Answered once the interpreter is up and the device initialized: a prestarted process
@@ -74,61 +104,144 @@ class _Worker:
             _device(msg["device"])
         return {"ok": True}
 
-    def base_inputs(self, seed: int) -> list:
-        return make_inputs(self.task, seed, "default", self.device)
-
 
 class ReferenceWorker(_Worker):
+    """The task's Model, every input, every check; on cuda the driver of the program's calls."""
+
     def setup(self, msg: dict) -> dict:
-        super().setup(msg)
+        """Load the task, build the Model, and lay out one call's inputs and outputs from a sample."""
+        self.setup_task(msg)
         try:
             self.model = init_model(self.task.Model, self.task, self.init_seed, self.device)
         except Exception as e:
-            raise WorkerError(f"task Model failed to build: {type(e).__name__}: {e}", "task") from None
+            raise _task_error("task Model failed to build", e) from None
+        if msg.get("compile"):   # synthesis checks that torch.compile agrees with eager (compiled at the probe)
+            self.model = torch.compile(self.model, mode=None if msg["compile"] == "default" else msg["compile"])
+        inputs = self._make(int(msg.get("probe_seed", self.init_seed + 1)), "default")
+        entries: list = []
+        for k, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor):
+                if _dtype_name(x.dtype) not in cuda_ipc.DTYPES:
+                    raise WorkerError(f"task input {k} has dtype {x.dtype}, which is not supported", "task")
+                entries.append(TensorSpec(_dtype_name(x.dtype), tuple(x.shape)))
+            elif x is None or isinstance(x, (bool, int, float, str)):
+                entries.append({"value": x})
+            else:
+                raise WorkerError(f"task input {k} is a {type(x).__name__}: only tensors and plain numbers "
+                                  "or strings are supported", "task")
+        tensors, slot_bytes = packed([e for e in entries if isinstance(e, TensorSpec)])
+        it = iter(tensors)
+        self.layout = InputLayout(tuple(next(it) if isinstance(e, TensorSpec) else e for e in entries), slot_bytes)
+        outputs = self._reference(inputs)
+        specs = []
+        for k, t in enumerate(outputs):
+            if not isinstance(t, torch.Tensor) or _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
+                raise WorkerError(f"task Model output {k} is a {type(t).__name__}"
+                                  f"{' of dtype ' + str(t.dtype) if isinstance(t, torch.Tensor) else ''}: "
+                                  "only tensors of the supported dtypes can be compared", "task")
+            specs.append(TensorSpec(_dtype_name(t.dtype), tuple(t.shape)))
+        self.output_specs, self.output_bytes = packed(specs)
+        return {"layout": self.layout.to_message(), "outputs": [o.__dict__ for o in self.output_specs],
+                "output_bytes": self.output_bytes}
+
+    def _make(self, seed: int, distribution: str) -> list:
+        """The task's inputs for `seed`; a task whose get_inputs fails is the task's fault."""
+        try:
+            return make_inputs(self.task, seed, distribution, self.device)
+        except Exception as e:
+            raise _task_error("task get_inputs failed", e) from None
+
+    def _reference(self, inputs: list) -> list:
+        try:
+            return list(as_tuple(self.model(*inputs)))
+        except Exception as e:
+            raise _task_error("task Model failed", e) from None
+
+    def _inputs_for(self, call: Call) -> list:
+        """A call's inputs, which must have the layout every call has."""
+        inputs = self._make(call.seed, call.distribution)
+        if len(inputs) != len(self.layout.entries):
+            raise WorkerError(f"task get_inputs returned {len(inputs)} inputs for one seed and "
+                              f"{len(self.layout.entries)} for another", "task")
+        for k, (x, entry) in enumerate(zip(inputs, self.layout.entries)):
+            if isinstance(entry, TensorSpec):
+                if not isinstance(x, torch.Tensor) or _dtype_name(x.dtype) != entry.dtype or tuple(x.shape) != entry.shape:
+                    raise WorkerError(f"task input {k} changes type, dtype or shape with the seed", "task")
+            elif x != entry["value"]:
+                raise WorkerError(f"task input {k} ({entry['value']!r}) changes with the seed: non-tensor inputs "
+                                  "must be constants", "task")
+        return inputs
+
+    def _pack(self, inputs: list, into: torch.Tensor) -> None:
+        for x, entry in zip(inputs, self.layout.entries):
+            if isinstance(entry, TensorSpec) and entry.nbytes:
+                into[entry.offset:entry.offset + entry.nbytes].copy_(x.contiguous().reshape(-1).view(torch.uint8))
+
+    def attach(self, msg: dict) -> dict:
+        """Map the exchange (cpu: slot and staging memfds; cuda: a slot of its own, exported)."""
+        self.attach_exchange(msg)
+        self.correctness = CorrectnessConfig(**msg["correctness"])
+        self.flush_bytes = int(msg["flush_bytes"])
+        self.budget = int(msg["batch_bytes"])
+        if self.device.type == "cuda":
+            self.slot = cuda_ipc.DeviceBuffer(self.layout.slot_bytes, self.device)
+            return {"slot_handle": self.slot.export().hex()}
+        self.slot_map = map_fd(self.fds.slot, self.layout.slot_bytes)
+        self.staging_map = map_fd(self.fds.staging, int(msg["staging_bytes"]))
+        self.staging = (torch.frombuffer(self.staging_map, dtype=torch.uint8) if self.staging_map is not None
+                        else torch.empty(0, dtype=torch.uint8))
+        self.per_call = int(msg["per_call"])
         return {"ok": True}
 
     def outputs(self, msg: dict) -> dict:
-        """Each trial's outputs; with `keep` (one trial) they stay on the device for `compare`."""
-        results = []
-        for trial in msg["trials"]:
-            inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
-            out = self.model(*inputs)
-            if msg.get("keep"):
-                self.kept = [t.detach() if isinstance(t, torch.Tensor) else t for t in as_tuple(out)]
-                return {"kept": len(self.kept)}
-            results.append(_to_host(out, self.device))
-        return {"outputs": results}
+        """The Model's outputs for each trial (seed, distribution), on the host: for the synthesis
+        filters, which judge tasks, not candidates."""
+        return {"outputs": [[t.detach().to("cpu") for t in self._reference(self._make(t["seed"], t["distribution"]))]
+                            for t in msg["trials"]]}
 
-    def kept_outputs(self, msg: dict) -> dict:
-        """The kept outputs on the host: the program's outputs were not all shared."""
-        return {"outputs": [_to_host(self.kept, self.device)]}
+    def repeatable(self, msg: dict) -> dict:
+        """Whether two runs of the Model on the same inputs agree within the evaluator's tolerance."""
+        cfg = CorrectnessConfig(**msg["correctness"]) if "correctness" in msg else CorrectnessConfig()
+        inputs = self._make(int(msg["seed"]), "default")
+        copies = lambda: [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]   # noqa: E731
+        cmp = compare_outputs(self._reference(copies()), self._reference(copies()), cfg, self.device)
+        return {"same": cmp.ok, "reason": cmp.reason}
 
-    def compare(self, msg: dict) -> dict:
-        """The kept outputs against the program's, mapped from its process: the comparison the
-        harness would make, made here because the expected outputs are here (this process runs
-        the task's code, never a candidate's)."""
-        cfg = CorrectnessConfig(**msg["correctness"])
+    # --- cpu: the harness drives; the reference makes each batch and checks it ---------------
+
+    def prepare(self, msg: dict) -> dict:
+        """Make the inputs of a batch of calls into staging, one call every `per_call` bytes."""
+        for j, data in enumerate(msg["calls"]):
+            self._pack(self._inputs_for(Call.from_message(data)), self.staging[j * self.per_call:])
+        return {"ok": True}
+
+    def check(self, msg: dict) -> dict:
+        """Compare the outputs the harness captured into staging with the Model's on the same inputs."""
+        calls = [Call.from_message(c) for c in msg["calls"]]
+        failure, measured = _check_calls(self, calls, lambda j: _views(self.staging[j * self.per_call:], self.layout),
+                                         lambda j: self._captured_host(j))
+        return {"failure": failure.__dict__ if failure else None, **measured}
+
+    def _captured_host(self, j: int) -> list:
+        base = j * self.per_call + self.layout.slot_bytes
+        return [self.staging[base + o.offset:base + o.offset + o.nbytes].view(getattr(torch, o.dtype)).view(o.shape)
+                for o in self.output_specs]
+
+    # --- cuda: the reference drives the calls itself ----------------------------------------
+
+    def run(self, msg: dict) -> dict:
+        """Drive the program through `calls` (hpc.profile.timing.run_calls) and end its serve loop."""
+        calls = [Call.from_message(c) for c in msg["calls"]]
+        set_spinning(self.fds.done, self.spin)
+        agent = _DeviceAgent(self)
         try:
-            with cuda_ipc.imported(msg["outputs"], self.device) as got:
-                cmp = compare_outputs(self.kept, got, cfg, self.device)
-                del got
-        except cuda_ipc.IpcError as e:
-            raise WorkerError(f"the program's outputs could not be mapped: {e}", "program") from None
-        return {"comparison": {k: getattr(cmp, k) for k in ("ok", "reason", "max_abs_error", "max_rel_error",
-                                                            "mismatched", "numel")},
-                "dtypes": [str(t.dtype).removeprefix("torch.") for t in self.kept if isinstance(t, torch.Tensor)]}
-
-    def probe_ipc(self, msg: dict) -> dict:
-        """Whether the program's probe maps here with the values it was written with: CUDA IPC
-        works between the two sandboxed processes on this machine."""
-        expected = torch.arange(_PROBE, dtype=torch.int32, device=self.device)
-        try:
-            with cuda_ipc.imported([msg["probe"]], self.device) as got:
-                same = got[0].shape == expected.shape and bool(torch.equal(got[0], expected))
-                del got
-        except cuda_ipc.IpcError as e:
-            return {"ok": False, "reason": str(e)}
-        return {"ok": same, "reason": "" if same else "probe values differ"}
+            result = run_calls(calls, agent, self.fds.go, self.fds.done, self.spin,
+                               time.monotonic() + float(msg["timeout_s"]), int(msg.get("batch_limit", 0)))
+        finally:
+            stop_program(self.fds.go)
+            agent.close()
+        return {"times_ns": result.times_ns, "failure": result.failure.__dict__ if result.failure else None,
+                **result.checks}
 
     def cost(self, msg: dict) -> dict:
         """FLOPs (matmul/conv family, counted by torch) and the fewest bytes any implementation must
@@ -143,26 +256,171 @@ class ReferenceWorker(_Worker):
                 return _counted(model, make_inputs(self.task, msg["seed"], "default", meta))
             except Exception as e:   # the task's own code on shapes alone: anything may fail
                 return {"meta_failed": f"{type(e).__name__}: {e}"}
-        return _counted(self.model, self.base_inputs(msg["seed"]))
+        return _counted(self.model, self._make(msg["seed"], "default"))
 
-    def fingerprints(self, msg: dict) -> dict:
-        base = self.base_inputs(msg["seed"])
-        prints = [fingerprint(self.model(*timed_inputs(base, i))) for i in msg["iterations"]]
-        return {"fingerprints": prints}
+
+def _check_calls(ref: ReferenceWorker, calls: list[Call], inputs_of, captured_of) -> tuple[Failure | None, dict]:
+    """Each checked call's captured outputs against the Model's on its inputs. A mismatch the Model
+    cannot reproduce on the same inputs is the task's: it is not deterministic."""
+    measured = {"checked": 0, "max_abs_error": 0.0, "max_rel_error": 0.0}
+    for j, call in enumerate(calls):
+        if not call.checked:
+            continue
+        inputs = inputs_of(j)
+        # on copies: a task that writes into its inputs must not change what the next run sees
+        expected = ref._reference([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        cmp = compare_outputs(expected, captured_of(j), ref.correctness, ref.device)
+        measured["checked"] += 1
+        measured["max_abs_error"] = max(measured["max_abs_error"], cmp.max_abs_error)
+        measured["max_rel_error"] = max(measured["max_rel_error"], cmp.max_rel_error)
+        if not cmp.ok:
+            again = compare_outputs(expected, ref._reference([x.clone() if isinstance(x, torch.Tensor) else x
+                                                              for x in inputs]), ref.correctness, ref.device)
+            if not again.ok:
+                return Failure("task", f"the task's Model is not deterministic: two runs on the same inputs "
+                                       f"differ ({again.reason})", j), measured
+            where = f"seed {call.seed}, {call.distribution} inputs" if not call.timed else "a timed call"
+            return Failure("correctness", f"({where}): {cmp.reason}", j), measured
+    return None, measured
+
+
+class _DeviceAgent:
+    """The driver's device work on cuda, in the reference's process: batches of inputs made in
+    memory the program cannot map, published into the slot and the L2 flushed through the copy
+    engines (so the program's context stays on the SMs: no context switch lands inside a call),
+    and a checked call's outputs copied out of the program's allocations as soon as it answers."""
+
+    def __init__(self, ref: ReferenceWorker):
+        self.ref = ref
+        self.stream = torch.cuda.Stream(ref.device)
+        self.event = torch.cuda.Event()
+        half = max(ref.flush_bytes // 2, 1)
+        self.flush_src = torch.empty(half, dtype=torch.uint8, device=ref.device) if ref.flush_bytes else None
+        self.flush_dst = torch.empty(half, dtype=torch.uint8, device=ref.device) if ref.flush_bytes else None
+        self.mappings = cuda_ipc.Mappings()
+        self.private = torch.empty(0, dtype=torch.uint8, device=ref.device)
+        self.captured: dict[int, list[torch.Tensor]] = {}
+        self.pending: Failure | None = None
+
+    def batch_size(self, calls: list[Call]) -> int:
+        per = max(self.ref.layout.slot_bytes + self.ref.output_bytes, 1)
+        return max(1, min(len(calls), self.ref.budget // per))
+
+    def prepare(self, calls: list[Call]) -> Failure | None:
+        size = self.ref.layout.slot_bytes
+        if self.private.numel() < len(calls) * size:
+            self.private = torch.empty(len(calls) * size, dtype=torch.uint8, device=self.ref.device)
+        self.captured = {}
+        try:
+            for j, call in enumerate(calls):
+                self.ref._pack(self.ref._inputs_for(call), self.private[j * size:])
+        except WorkerError as e:
+            return Failure(e.kind, str(e))
+        torch.cuda.synchronize(self.ref.device)
+        return None
+
+    def _wait(self) -> None:
+        self.event.record(self.stream)
+        while not self.event.query():
+            pass
+
+    def publish(self, index: int) -> None:
+        size = self.ref.layout.slot_bytes
+        with torch.cuda.stream(self.stream):
+            self.ref.slot.tensor[:size].copy_(self.private[index * size:(index + 1) * size])
+
+    def flush(self) -> None:
+        if self.flush_src is not None:
+            with torch.cuda.stream(self.stream):
+                self.flush_dst.copy_(self.flush_src)
+        self._wait()
+
+    def capture(self, index: int, call: Call) -> Failure | None:
+        try:
+            claims = _validated(read_outputs(self.ref.header), self.ref.output_specs)
+            copies = []
+            with torch.cuda.stream(self.stream):
+                for o, claim in zip(self.ref.output_specs, claims):
+                    view = self.mappings.view(claim.handle, claim.address, o.nbytes, self.ref.device)
+                    copies.append(torch.empty(o.nbytes, dtype=torch.uint8, device=self.ref.device).copy_(view))
+            self._wait()
+        except (ValueError, cuda_ipc.IpcError) as e:
+            return Failure("correctness", f"the program's outputs could not be read: {e}")
+        self.captured[index] = [c.view(getattr(torch, o.dtype)).view(o.shape) for c, o in zip(copies, self.ref.output_specs)]
+        if call.check_inputs:
+            size = self.ref.layout.slot_bytes
+            return _modified_input(self.ref.layout, self.private[index * size:], self.ref.slot.tensor)
+        return None
+
+    def check(self, calls: list[Call]) -> tuple[Failure | None, dict]:
+        size = self.ref.layout.slot_bytes
+        return _check_calls(self.ref, calls, lambda j: _views(self.private[j * size:], self.ref.layout),
+                            lambda j: self.captured[j])
+
+    def program_failure(self) -> Failure:
+        return Failure(*read_failure(self.ref.header))
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.ref.device)
+        self.mappings.close()
+
+
+def _validated(claims: list[OutputDescriptor], expected: list[TensorSpec]) -> list[OutputDescriptor]:
+    """The program's descriptors, if they describe outputs of the expected structure (ValueError)."""
+    if len(claims) != len(expected):
+        raise ValueError(f"returned {len(claims)} outputs, expected {len(expected)}")
+    for k, (c, e) in enumerate(zip(claims, expected)):
+        if c.shape != e.shape:
+            raise ValueError(f"output {k} has shape {c.shape}, expected {e.shape}")
+        if c.dtype != e.dtype:
+            raise ValueError(f"output {k} has dtype {c.dtype}, expected {e.dtype}")
+    return claims
+
+
+def _modified_input(layout: InputLayout, private: torch.Tensor, slot: torch.Tensor) -> Failure | None:
+    """The first tensor input whose slot bytes differ from what the reference wrote there."""
+    for k, entry in enumerate(layout.entries):
+        if isinstance(entry, TensorSpec) and not torch.equal(private[entry.offset:entry.offset + entry.nbytes],
+                                                             slot[entry.offset:entry.offset + entry.nbytes]):
+            return Failure("policy", f"forward modified its input {k} in place")
+    return None
 
 
 class ProgramWorker(_Worker):
-    """Candidate, eager or compiled model under the timing protocol."""
+    """Runs calls on the slot's inputs when the driver says go: the empty program, then the candidate
+    (or eager / torch.compile)."""
 
     def setup(self, msg: dict) -> dict:
-        super().setup(msg)
-        t0 = time.monotonic()
-        if msg.get("start_gate"):     # before any candidate code runs
+        """Map the slot's inputs and prepare the empty program. No candidate code runs here."""
+        self.setup_task(msg)
+        self.attach_exchange(msg)
+        if self.device.type == "cuda":
+            self.mappings = cuda_ipc.Mappings()
             try:
-                install_start_gate(msg["start_gate"], float(msg["start_gate_timeout_us"]))
-            except (OSError, RuntimeError) as e:
-                raise WorkerError(f"timing start gate unusable: {e}", "harness") from None
-        probe = self._export_probe() if msg.get("share_outputs") else {}
+                slot = self.mappings.view(bytes.fromhex(msg["slot_handle"]), 0, self.layout.slot_bytes, self.device)
+            except (ValueError, cuda_ipc.IpcError) as e:
+                raise WorkerError(f"the input slot could not be mapped: {e}", "harness") from None
+            self._tick = torch.zeros(1, device=self.device)
+        else:
+            self.slot_map = map_fd(self.fds.slot, self.layout.slot_bytes)
+            slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
+                    else torch.empty(0, dtype=torch.uint8))
+        self.inputs = _views(slot, self.layout)
+        self.empty_outputs = [torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
+                              for o in self.outputs]
+        self.call = self._empty
+        return {"ok": True}
+
+    def _empty(self, inputs: list, poison: float | None):
+        """The handshake alone: one tiny kernel on cuda (a call launches at least one, and the switch
+        of the SMs to this context is part of every call), preallocated outputs."""
+        if self.device.type == "cuda":
+            self._tick.add_(1)
+        return self.empty_outputs
+
+    def load(self, msg: dict) -> dict:
+        """The program to time: the candidate's ModelNew under the policy, eager or compiled Model."""
+        t0 = time.monotonic()
         program = msg["program"]
         if program == "candidate":
             self.call = self._load_candidate(msg)
@@ -170,19 +428,11 @@ class ProgramWorker(_Worker):
             model = init_model(self.task.Model, self.task, self.init_seed, self.device)
             if program == "compile":
                 model = torch.compile(model, mode=None if msg.get("mode", "default") == "default" else msg["mode"])
-            self.call = lambda inputs: model(*inputs)
-            if program == "compile":   # compile now: the timing request is run under an exclusive device lock
-                self.call(self.base_inputs(self.init_seed + 1))
+            self.call = lambda inputs, poison: model(*inputs)
+            if program == "compile":   # compile now: the timed calls run under an exclusive device lock
+                self.call(self.inputs, None)
                 synchronize(self.device)
-        return {"ok": True, "setup_seconds": time.monotonic() - t0, **probe, **getattr(self, "load_info", {})}
-
-    def _export_probe(self) -> dict:
-        """Exported before any candidate code runs: code that spoils it only loses the sharing."""
-        self.exported = [torch.arange(_PROBE, dtype=torch.int32, device=self.device)]
-        try:
-            return {"ipc_probe": cuda_ipc.export(self.exported[0])}
-        except cuda_ipc.IpcError as e:
-            return {"ipc_probe_error": str(e)}
+        return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
 
     def _load_candidate(self, msg: dict):
         from hpc import runtime
@@ -211,58 +461,59 @@ class ProgramWorker(_Worker):
         self.load_info = {"weights_loaded": len(matched), "weights_total": len(reference.state_dict())}
         del reference
         guard = ForwardGuard(model, monitor, msg["policy"]["require_custom_kernel"], runtime.launch_count)
-        self.checked_call = lambda inputs, trial: guard(inputs, check_inputs=True, poison=POISON[trial % len(POISON)])
-        return guard
+        return lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
 
-    def outputs(self, msg: dict) -> dict:
-        checked = getattr(self, "checked_call", None)
-        results = []
-        for trial in msg["trials"]:
-            inputs = make_inputs(self.task, trial["seed"], trial["distribution"], self.device)
-            out = checked(inputs, trial["index"]) if checked else self.call(inputs)
-            results.append(self._share(out) if msg.get("export") else _to_host(out, self.device))
-        return {"outputs": results}
-
-    def _share(self, output) -> list:
-        """The outputs copied to allocations of their own and exported (kept until the next
-        request); unless all are CUDA tensors the driver exports, all go to the host as usual. After a
-        device-wide synchronize, as on the way to the host: work the forward left on another stream
-        is finished and counted the same whichever way the outputs travel."""
-        synchronize(self.device)
-        outs = as_tuple(output)
-        if all(isinstance(t, torch.Tensor) and t.is_cuda for t in outs):
-            own = [torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t) for t in outs]
+    def serve(self, msg: dict) -> dict:
+        """Run one call per go frame until the stop frame; answer each with a done frame."""
+        set_spinning(self.fds.go, self.spin)
+        calls = 0
+        while True:
+            seq, poison = read_frame(self.fds.go, math.inf, self.spin)
+            if seq == STOP:
+                return {"calls": calls}
+            calls += 1
+            status = DONE_OK
             try:
-                shared = [cuda_ipc.export(t) for t in own]
-                self.exported = own
-                return shared
-            except cuda_ipc.IpcError:
-                pass
-        return _to_host(output, self.device)
+                self._one_call(POISON[poison] if 0 <= poison < len(POISON) else None)
+            except PolicyViolation as e:
+                write_failure(self.header, "policy", str(e))
+                status = DONE_FAILED
+            except WorkerError as e:
+                write_failure(self.header, e.kind, str(e))
+                status = DONE_FAILED
+            except torch.cuda.OutOfMemoryError as e:
+                write_failure(self.header, "runtime", f"CUDA out of memory: {str(e).splitlines()[0]}")
+                status = DONE_FAILED
+            except MemoryError:
+                write_failure(self.header, "runtime", "out of memory (address-space limit)")
+                status = DONE_FAILED
+            except Exception as e:
+                text = str(e).strip()
+                write_failure(self.header, "runtime", f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")
+                status = DONE_FAILED
+            send_frame(self.fds.done, seq, status)
 
-    def time(self, msg: dict) -> dict:
-        base = self.base_inputs(msg["seed"])
-        prints: list[torch.Tensor] = []
-        times = time_calls(self.call, lambda i: timed_inputs(base, i), self.device, msg["warmup"],
-                           msg["iterations"], msg["flush_bytes"],
-                           after_call=lambda i, out: prints.append(fingerprint(out)))
-        return {"times_ms": [t.ms for t in times], "host_ms": [t.host_ms for t in times], "fingerprints": prints,
-                "timers_intact": timers_intact()}
-
-    def prepare_calls(self, msg: dict) -> dict:
-        base = self.base_inputs(msg["seed"])
-        self.prepared = [timed_inputs(base, 10_000 + j) for j in range(msg["size"])]
-        CacheFlusher(self.device, msg["flush_bytes"])()
-        synchronize(self.device)
-        return {"ok": True}
-
-    def run_call(self, msg: dict) -> dict:
-        """One prepared call, timed here as in the timed loop (index -1: nothing, for the round trip)."""
-        index = int(msg["index"])
-        if index < 0:
-            return {"ms": 0.0}
-        took, _ = time_call(self.call, self.prepared[index], self.device)
-        return {"ms": took.ms}
+    def _one_call(self, poison: float | None) -> None:
+        outs = []
+        for k, t in enumerate(as_tuple(self.call(self.inputs, poison))):
+            if type(t) is not torch.Tensor:
+                raise PolicyViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
+                                      "not a plain torch.Tensor")
+            if t.device.type != self.device.type:
+                raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}", "runtime")
+            if _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
+                raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", "runtime")
+            outs.append(t if t.is_contiguous() else t.contiguous())
+        synchronize(self.device)   # device-wide: work left on any stream is inside the call
+        claims = []
+        for t in outs:
+            if self.device.type == "cuda" and t.numel():
+                handle, offset = cuda_ipc.handle_of(t)
+                claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), offset, handle))
+            else:
+                claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), t.data_ptr() if t.numel() else 0))
+        write_outputs(self.header, claims)
+        self.kept = outs   # alive until the next call: the driver copies them out after this answer
 
 
 def _counted(model: torch.nn.Module, inputs: list) -> dict:
@@ -279,13 +530,14 @@ def _counted(model: torch.nn.Module, inputs: list) -> dict:
 
 
 ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
+OPS = {"reference": ("ready", "setup", "attach", "prepare", "check", "run", "cost", "outputs", "repeatable"),
+       "program": ("ready", "setup", "load", "serve")}
 
 
 def dispatch(worker: _Worker, msg: dict) -> dict:
     op = msg.get("op")
-    handler = getattr(worker, op, None) if op in ("ready", "setup", "outputs", "kept_outputs", "compare",
-                                                   "probe_ipc", "fingerprints", "cost", "time", "prepare_calls",
-                                                   "run_call") else None
+    role = "reference" if isinstance(worker, ReferenceWorker) else "program"
+    handler = getattr(worker, op, None) if op in OPS[role] else None
     if handler is None:
         raise WorkerError(f"unknown op {op!r}", "harness")
     try:

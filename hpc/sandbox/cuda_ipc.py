@@ -1,21 +1,19 @@
 """Device memory shared between two worker processes through CUDA IPC (the driver API).
 
-Correctness on the GPU compares outputs of up to 256 MB per trial: copied to the host, through a
-pipe and back to a device they cost ~0.5 s a trial. Instead the program process exports each
-output's allocation and the reference process, which holds the expected outputs on the device,
-maps it read-only in use and compares there. Only the program process exports: the reference's
-memory is never reachable from another process, so a candidate cannot read the expected outputs.
+Two directions, both between the reference worker (trusted) and the program worker:
+- the reference's input slot: a device allocation of its own (`DeviceBuffer`, outside torch's
+  caching allocator, so exporting it exposes nothing else of the reference's memory), which the
+  program maps once and reads each call's inputs from;
+- the program's outputs: after each call it names the allocation holding each output
+  (`handle_of`), and the reference maps it (`Mappings`) to copy the outputs out.
 
-An exported output is described by plain data (`{"$cuda_ipc": {...}}`); the importer trusts
-none of it: the handle is opened by the driver (a forged one fails), and the byte range the
-dtype and shape imply must lie inside the allocation the handle opened.
+The importer trusts nothing it is told: a handle is opened by the driver (a forged one fails), and
+the byte range a claim implies must lie inside the allocation the handle opened.
 """
 
 from __future__ import annotations
 
 import ctypes
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
@@ -24,7 +22,6 @@ from hpc.sandbox.protocol import DTYPE_NAMES
 _HANDLE_BYTES = 64
 _LAZY_ENABLE_PEER_ACCESS = 1
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
-KEY = "$cuda_ipc"
 
 
 class IpcError(Exception):
@@ -50,6 +47,8 @@ def _cuda() -> ctypes.CDLL:
         lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(_Handle), ctypes.c_uint64]
         lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), _Handle, ctypes.c_uint]
         lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
+        lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
         _driver = lib
     return _driver
 
@@ -65,28 +64,6 @@ def _range(ptr: int) -> tuple[int, int]:
     return base.value, size.value
 
 
-def export(tensor: torch.Tensor) -> dict:
-    """A description another process can map: the handle of the allocation holding `tensor`
-    (contiguous, on the current device, kept alive by the caller until the importer is done)."""
-    if not tensor.is_cuda or not tensor.is_contiguous():
-        raise IpcError("only a contiguous CUDA tensor can be exported")
-    name = str(tensor.dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise IpcError(f"dtype {name} cannot be exported")
-    torch.cuda.synchronize(tensor.device)    # the current context on this thread, and the data written
-    ptr = tensor.data_ptr()
-    base, _ = _range(ptr) if tensor.numel() else (ptr, 0)
-    handle = _Handle()
-    if tensor.numel():
-        _check(_cuda().cuIpcGetMemHandle(ctypes.byref(handle), base), "cuIpcGetMemHandle")
-    return {KEY: {"handle": bytes(handle).hex() if tensor.numel() else "", "offset": ptr - base,
-                  "dtype": name, "shape": list(tensor.shape)}}
-
-
-def is_exported(value: object) -> bool:
-    return isinstance(value, dict) and set(value) == {KEY}
-
-
 class _Mapped:
     """`nbytes` of device memory at `ptr` as a uint8 array torch can wrap without copying."""
 
@@ -95,52 +72,75 @@ class _Mapped:
                                          "version": 3, "strides": None, "stream": None}
 
 
-def _spec(value: object) -> tuple[bytes, int, torch.dtype, list[int], int]:
-    if not is_exported(value) or not isinstance(value[KEY], dict):
-        raise IpcError("output was not exported")
-    d = value[KEY]
-    dtype, shape, offset = DTYPES.get(d.get("dtype")), d.get("shape"), d.get("offset")
-    if dtype is None or not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape) \
-            or len(shape) > 16 or not isinstance(offset, int) or offset < 0:
-        raise IpcError("exported output description is malformed")
-    numel = 1
-    for n in shape:
-        numel *= n
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    try:
-        handle = bytes.fromhex(d.get("handle", "")) if nbytes else b""
-    except (TypeError, ValueError):
-        raise IpcError("exported output handle is malformed") from None
-    if nbytes and len(handle) != _HANDLE_BYTES:
-        raise IpcError("exported output handle is malformed")
-    return handle, offset, dtype, shape, nbytes
+def as_tensor(ptr: int, nbytes: int, device: torch.device) -> torch.Tensor:
+    """`nbytes` at device address `ptr` as a uint8 tensor that does not own them."""
+    if not nbytes:
+        return torch.empty(0, dtype=torch.uint8, device=device)
+    return torch.as_tensor(_Mapped(ptr, nbytes), device=device)
 
 
-@contextmanager
-def imported(values: list, device: torch.device) -> Iterator[list[torch.Tensor]]:
-    """The exported outputs `values` as tensors on `device`, valid inside the block only."""
-    torch.cuda.synchronize(device)
-    opened: dict[bytes, tuple[int, int]] = {}   # outputs in one allocation share its handle: opened once
-    try:
-        tensors = []
-        for value in values:
-            handle, offset, dtype, shape, nbytes = _spec(value)
-            if not nbytes:
-                tensors.append(torch.empty(shape, dtype=dtype, device=device))
-                continue
-            if handle not in opened:
-                ptr = ctypes.c_uint64()
-                _check(_cuda().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _Handle.from_buffer_copy(handle),
-                                                     _LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
-                opened[handle] = (ptr.value, 0)    # closed below even if the next call fails
-                opened[handle] = (ptr.value, _range(ptr.value)[1])
-            base, size = opened[handle]
-            if offset + nbytes > size:
-                raise IpcError(f"exported output claims {nbytes} bytes at offset {offset} of a {size}-byte allocation")
-            raw = torch.as_tensor(_Mapped(base + offset, nbytes), device=device)
-            tensors.append(raw.view(dtype).reshape(shape))
-        yield tensors
-    finally:
-        torch.cuda.synchronize(device)     # every kernel reading the mappings has finished
-        for ptr, _ in opened.values():
+class DeviceBuffer:
+    """A device allocation of its own (cuMemAlloc in torch's current context), exportable alone."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        torch.cuda.synchronize(device)   # torch's primary context is current on this thread
+        ptr = ctypes.c_uint64()
+        _check(_cuda().cuMemAlloc_v2(ctypes.byref(ptr), max(nbytes, 256)), "cuMemAlloc")
+        self.ptr, self.nbytes = ptr.value, nbytes
+        self.tensor = as_tensor(self.ptr, nbytes, device)
+
+    def export(self) -> bytes:
+        handle = _Handle()
+        _check(_cuda().cuIpcGetMemHandle(ctypes.byref(handle), self.ptr), "cuIpcGetMemHandle")
+        return bytes(handle)
+
+    def free(self) -> None:
+        if self.ptr:
+            self.tensor = None
+            _cuda().cuMemFree_v2(self.ptr)
+            self.ptr = 0
+
+
+class Mappings:
+    """Allocations of another process opened by handle, each once, closed together."""
+
+    def __init__(self):
+        self._open: dict[bytes, tuple[int, int]] = {}
+
+    def view(self, handle: bytes, offset: int, nbytes: int, device: torch.device) -> torch.Tensor:
+        """`nbytes` at `offset` of the allocation `handle` names, as uint8 (IpcError if outside it)."""
+        if not nbytes:
+            return torch.empty(0, dtype=torch.uint8, device=device)
+        if len(handle) != _HANDLE_BYTES:
+            raise IpcError("malformed handle")
+        if handle not in self._open:
+            ptr = ctypes.c_uint64()
+            _check(_cuda().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _Handle.from_buffer_copy(handle),
+                                                 _LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
+            self._open[handle] = (ptr.value, 0)    # closed by close() even if the next call fails
+            self._open[handle] = (ptr.value, _range(ptr.value)[1])
+        base, size = self._open[handle]
+        if offset < 0 or offset + nbytes > size:
+            raise IpcError(f"claims {nbytes} bytes at offset {offset} of a {size}-byte allocation")
+        return as_tensor(base + offset, nbytes, device)
+
+    def close(self) -> None:
+        for ptr, _ in self._open.values():
             _cuda().cuIpcCloseMemHandle(ptr)
+        self._open.clear()
+
+
+_exported: dict[tuple[int, int], bytes] = {}
+
+
+def handle_of(tensor: torch.Tensor) -> tuple[bytes, int]:
+    """(handle of the allocation holding `tensor`, byte offset of its first element in it); the
+    handle is made once per allocation (torch's caching allocator hands the same ones back)."""
+    ptr = tensor.data_ptr()
+    base, size = _range(ptr)
+    handle = _exported.get((base, size))
+    if handle is None:
+        h = _Handle()
+        _check(_cuda().cuIpcGetMemHandle(ctypes.byref(h), base), "cuIpcGetMemHandle")
+        handle = _exported[(base, size)] = bytes(h)
+    return handle, ptr - base

@@ -25,6 +25,7 @@ from typing import Iterator
 
 from hpc.config import SandboxConfig
 from hpc.profile.device_lock import DeviceLock
+from hpc.sandbox.exchange import Exchange
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 
 READY_TIMEOUT_S = 300.0
@@ -32,11 +33,13 @@ READY_TIMEOUT_S = 300.0
 
 @dataclass
 class WorkerPair:
-    """The two processes of one evaluation, in `workroot`/reference and `workroot`/candidate."""
+    """The two processes of one evaluation, in `workroot`/reference and `workroot`/candidate, and
+    the memory and pipes they share (hpc.sandbox.exchange)."""
 
     workroot: Path
     reference: SandboxedProcess
     program: SandboxedProcess
+    exchange: Exchange
 
     @property
     def candidate_dir(self) -> Path:
@@ -50,23 +53,45 @@ class WorkerPair:
         """End both processes and remove the workroot."""
         self.reference.close()
         self.program.close()
+        self.exchange.close()
         shutil.rmtree(self.workroot, ignore_errors=True)
 
 
-def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None) -> WorkerPair:
-    """A new reference + program pair in a new workroot (the program may write `writable` too)."""
+def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None,
+               trusted: bool = False) -> WorkerPair:
+    """A new reference + program pair in a new workroot (the program may write `writable` too;
+    `trusted`: the program runs the harness's own baselines, not a candidate)."""
     workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
+    exchange = Exchange.create(backend)
     reference = program = None
     try:
-        reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend)
-        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, writable=writable)
+        reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend, trusted=True,
+                                     pass_fds=Exchange.passed(exchange.reference))
+        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, writable=writable,
+                                   pass_fds=Exchange.passed(exchange.program), trusted=trusted)
     except BaseException:
         for proc in (reference, program):
             if proc is not None:
                 proc.close()
+        exchange.close()
         shutil.rmtree(workroot, ignore_errors=True)
         raise
-    return WorkerPair(workroot, reference, program)
+    exchange.after_start()
+    return WorkerPair(workroot, reference, program, exchange)
+
+
+def harness_file(source: Path, workdir: Path, name: str) -> Path:
+    """A copy of a file the harness made (a built library, the op monitor, the task) in a worker's
+    workdir, under .hpc/: what a worker may read is its workdir and the system, not the cache."""
+    dest = workdir / ".hpc" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+    with open(source, "rb") as src, open(tmp, "wb") as out:
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+    os.chmod(tmp, 0o644)
+    tmp.replace(dest)
+    return dest
 
 
 class _Spare:

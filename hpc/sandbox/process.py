@@ -105,7 +105,8 @@ class SandboxedProcess:
     """One worker process in the sandbox. Use as a context manager; `request` sends and awaits a reply."""
 
     def __init__(self, role: str, workdir: Path, cfg: SandboxConfig, backend: str,
-                 env: dict[str, str] | None = None, writable: list[Path] | None = None):
+                 env: dict[str, str] | None = None, writable: list[Path] | None = None,
+                 pass_fds: tuple[int, ...] = (), readable: tuple[str, ...] = (), trusted: bool = False):
         self.role, self.workdir, self.cfg = role, Path(workdir), cfg
         self.deadline = time.monotonic() + cfg.timeout_s
         self._exit_info: ExitInfo | None = None
@@ -135,7 +136,7 @@ class SandboxedProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hpc.runner", role, str(to_child_r), str(from_child_w)],
                 cwd=self.workdir, env=child_env, stdin=subprocess.DEVNULL, stdout=self._stderr,
-                stderr=self._stderr, pass_fds=(to_child_r, from_child_w), start_new_session=True,
+                stderr=self._stderr, pass_fds=(to_child_r, from_child_w, *pass_fds), start_new_session=True,
                 preexec_fn=functools.partial(confine, cfg, backend,
                                              writable_paths(self.workdir, backend, writable or []), abi, net),
             )
@@ -143,6 +144,11 @@ class SandboxedProcess:
             os.close(to_child_r)
             os.close(from_child_w)
         self.isolation = {"landlock_abi": abi, "network_namespace": net}
+
+    @property
+    def worker_pid(self) -> int:
+        """The worker process's pid in the harness's pid namespace."""
+        return self.proc.pid
 
     def restart_clock(self) -> None:
         """Start the wall limit now: a process started ahead of its evaluation gets the whole limit."""

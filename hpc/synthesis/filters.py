@@ -20,6 +20,7 @@ compile costs seconds and the window rejects many.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import tempfile
 import threading
@@ -32,13 +33,13 @@ import torch
 from hpc.baseline import measure_program
 from hpc.errors import UserError
 from hpc.profile.device_lock import DeviceLock
-from hpc.sandbox.prestart import worker_pair
+from hpc.sandbox.prestart import WorkerPair, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.similarity import (BenchmarkIndex, ast_hash, canonical_op, import_aliases, model_tokens,
                                       normalized_tokens, op_signature)
 from hpc.task import Task, load_task
-from hpc.verify.compare import compare_fingerprints, compare_outputs
+from hpc.verify.compare import compare_outputs
 
 FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime", "compile")
 
@@ -207,10 +208,8 @@ class FilterChain:
             try:
                 if "eager" not in self.skip:
                     expected = self._reference(task, seed, verdict, pair.reference)
-                pair.reference.close()   # its device memory freed before the timed run
                 if "runtime" not in self.skip:
-                    pair.program.restart_clock()   # the wall limit of a process of its own
-                    self._runtime(task, seed, verdict, pair.program)
+                    self._runtime(task, seed, verdict, pair)
             finally:
                 pair.kill()   # first: an orderly exit waits for a process still starting
                 pair.close()
@@ -231,7 +230,7 @@ class FilterChain:
                 with self.lock.shared():
                     if k == 0:
                         ref.request({"op": "setup", "task": str(task.path), "scale": cfg.scale,
-                                     "init_seed": seed, "device": cfg.backend})
+                                     "init_seed": seed, "probe_seed": seed + 1, "device": cfg.backend})
                     outputs = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
             except SandboxError as e:
                 raise _Rejected("eager", e.reason) from None
@@ -264,21 +263,21 @@ class FilterChain:
             t0 = self._enter("stochastic", verdict)
             try:
                 with self.lock.shared():
-                    prints = ref.request({"op": "fingerprints", "seed": seed + 1, "iterations": [0, 0]})
+                    again = ref.request({"op": "repeatable", "seed": seed + 1,
+                                         "correctness": dataclasses.asdict(cfg.correctness)})
             except SandboxError as e:
                 raise _Rejected("eager", e.reason) from None
             finally:
                 self._timed("stochastic", verdict, t0)
-            first, second = prints["fingerprints"]
-            if not compare_fingerprints(first, second, cfg.correctness, [t.dtype for t in kept[0]]):
+            if not again.get("same"):
                 raise _Rejected("stochastic", "two calls on the same inputs differ beyond the evaluator's "
-                                              "tolerance")
+                                              f"tolerance ({again.get('reason', '')})")
         return kept[0]
 
-    def _runtime(self, task: Task, seed: int, verdict: Verdict, proc: SandboxedProcess) -> None:
+    def _runtime(self, task: Task, seed: int, verdict: Verdict, pair: WorkerPair) -> None:
         t0 = self._enter("runtime", verdict)
         try:
-            stats = measure_program(task, "eager", self.eval, seed, self.lock, proc)
+            stats = measure_program(task, "eager", self.eval, seed, self.lock, pair)
         except SandboxError as e:
             self._timed("runtime", verdict, t0)
             raise _Rejected("runtime", f"eager timing failed: {e.reason}") from None
@@ -299,13 +298,13 @@ class FilterChain:
         self.inductor_cache.mkdir(parents=True, exist_ok=True)
         t0 = self._enter("compile", verdict)
         with tempfile.TemporaryDirectory(prefix="hpc-synth-compile-") as workdir, \
-                SandboxedProcess("program", Path(workdir), cfg.sandbox, cfg.backend,
+                SandboxedProcess("reference", Path(workdir), cfg.sandbox, cfg.backend, trusted=True,
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(self.inductor_cache)},
                                  writable=[self.inductor_cache]) as proc:
             try:
                 with self.lock.shared():
                     proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": seed,
-                                  "device": cfg.backend, "program": "compile", "mode": "default"})
+                                  "probe_seed": seed + 1, "device": cfg.backend, "compile": "default"})
                     got = proc.request({"op": "outputs", "trials": [{"seed": seed + 1,
                                                                      "distribution": "default"}]})["outputs"][0]
             except SandboxError as e:

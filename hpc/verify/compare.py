@@ -83,19 +83,3 @@ def compare_outputs(reference: list, candidate: list, cfg: CorrectnessConfig,
             total.reason = (f"output {i}: {int(bad.sum())}/{r.numel()} elements outside atol={atol:g} rtol={rtol:g} "
                             f"(max abs error {max_abs:.3g})")
     return total
-
-
-def compare_fingerprints(reference: torch.Tensor, candidate: torch.Tensor, cfg: CorrectnessConfig,
-                         dtypes: list[torch.dtype]) -> bool:
-    """Fingerprints (see hpc.runner.inputs.fingerprint) agree within the bound the elementwise tolerance implies."""
-    if not isinstance(candidate, torch.Tensor) or candidate.shape != reference.shape:
-        return False
-    for row_r, row_c, dtype in zip(reference, candidate, dtypes):
-        atol, rtol = tolerances(dtype, cfg)
-        n, abs_sum = float(row_r[4]), float(row_r[1])
-        bound = 3.0 * (n * atol * magnitude(abs_sum / n if n else 1.0) + rtol * abs_sum) + 1e-9 * abs_sum
-        if bool(torch.isnan(row_c[:3]).any()) or row_c[3] != row_r[3] or row_c[4] != row_r[4]:
-            return False
-        if bool(((row_c[:3] - row_r[:3]).abs() > bound).any()):
-            return False
-    return True

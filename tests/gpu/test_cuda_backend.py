@@ -6,7 +6,6 @@ Runs only where torch sees a CUDA device (the H200 machine): `scripts/test-gpu.s
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from hpc.candidate import load_candidate
 from hpc.pipeline import evaluate
 from hpc.sandbox import cuda_ipc
-from hpc.sandbox.process import SandboxedProcess, SandboxError
+from hpc.sandbox.process import SandboxedProcess
 from hpc.task import load_task
 from tests.conftest import RELU_TASK, TESTS
 
@@ -46,52 +45,46 @@ def test_load_inline_cuda_single_file_is_paid(cuda_config):
     assert rec.correct and rec.compiled and rec.reward >= 1
 
 
-def test_outputs_are_compared_in_the_reference_worker(cuda_config):
-    """CUDA IPC between the sandboxed workers: the candidate's outputs never cross a pipe."""
-    rec = evaluate(load_task(RELU_TASK), load_candidate(HONEST), cuda_config)
-    assert rec.status == "ok" and rec.correct, rec.reason
-    assert json.loads(rec.isolation)["outputs_shared"] is True
+def test_work_left_running_by_a_process_that_skips_the_synchronize_is_caught(cuda_config):
+    """Native code makes the runtime's synchronize a no-op, so its process answers before the output
+    exists: the reference copies the outputs out the moment the call is answered, and they are
+    unfinished."""
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "hacks_cuda" / "sync_bypass"), cuda_config)
+    assert rec.status == "failed" and rec.failed_stage == "correctness", rec.reason
+    assert "outside atol" in rec.reason and rec.reward == -1.0
 
 
 @pytest.fixture
-def reference_with_kept_outputs(tmp_path, cuda_config):
-    """A reference worker holding one trial's outputs of the ReLU task on the device."""
-    proc = SandboxedProcess("reference", tmp_path, cuda_config.sandbox, "cuda")
-    proc.request({"op": "setup", "task": str(RELU_TASK), "scale": cuda_config.scale, "init_seed": 1,
-                  "device": "cuda"})
-    assert proc.request({"op": "outputs", "trials": [{"seed": 2, "distribution": "default", "index": 0}],
-                         "keep": True})["kept"] == 1
-    yield proc
+def reference_slot(tmp_path, cuda_config):
+    """A reference worker set up for the ReLU task, its input slot exported: (worker, handle, bytes)."""
+    from hpc.sandbox.exchange import Exchange
+
+    exchange = Exchange.create("cuda")
+    proc = SandboxedProcess("reference", tmp_path, cuda_config.sandbox, "cuda", trusted=True,
+                            pass_fds=Exchange.passed(exchange.reference))
+    laid = proc.request({"op": "setup", "task": str(RELU_TASK), "scale": cuda_config.scale, "init_seed": 1,
+                         "probe_seed": 2, "device": "cuda"})
+    attached = proc.request({"op": "attach", "layout": laid["layout"], "outputs": laid["outputs"], "spin": False,
+                             "fds": exchange.reference.to_message(),
+                             "correctness": dataclasses.asdict(cuda_config.correctness), "flush_bytes": 0,
+                             "batch_bytes": 1 << 30, "staging_bytes": 0, "per_call": 0})
+    yield proc, bytes.fromhex(attached["slot_handle"]), laid["layout"]["slot_bytes"]
     proc.close()
+    exchange.close()
 
 
-def test_the_reference_worker_maps_only_what_an_export_owns(reference_with_kept_outputs, cuda_config):
-    """The importer's checks, driven with real exports from this process: the right values
-    compare equal; a range past the allocation, a forged handle or a malformed description is
-    refused as the program's failure (kind "program"), and the worker still answers after."""
-    ref = reference_with_kept_outputs
-    expected = ref.request({"op": "kept_outputs"})["outputs"][0][0].cuda()
-    correctness = dataclasses.asdict(cuda_config.correctness)
-
-    def compare(described):
-        return ref.request({"op": "compare", "outputs": [described], "correctness": correctness})
-
-    reply = compare(cuda_ipc.export(expected))
-    assert reply["comparison"]["ok"] and reply["dtypes"] == ["float32"]
-    wrong = expected + 1.0
-    assert not compare(cuda_ipc.export(wrong))["comparison"]["ok"]
-    oversized = cuda_ipc.export(expected)
-    oversized[cuda_ipc.KEY]["shape"] = [expected.numel() + (1 << 28)]
-    forged = cuda_ipc.export(expected)
-    forged[cuda_ipc.KEY]["handle"] = os.urandom(64).hex()
-    malformed = {cuda_ipc.KEY: {"handle": "zz", "offset": -1, "dtype": "float32", "shape": [4]}}
-    for bad in (oversized, forged, malformed):
-        with pytest.raises(SandboxError) as err:
-            compare(bad)
-        assert err.value.kind == "program" and "could not be mapped" in err.value.reason
-    assert compare(cuda_ipc.export(expected))["comparison"]["ok"]
-    halves = torch.cat([expected, expected])     # two outputs in one allocation: its handle opened once
-    n = expected.numel()
-    two = [cuda_ipc.export(halves[:n]), cuda_ipc.export(halves[n:])]
-    reply = ref.request({"op": "compare", "outputs": two, "correctness": correctness})
-    assert not reply["comparison"]["ok"] and "returned 2 outputs" in reply["comparison"]["reason"]
+def test_a_mapping_is_refused_outside_the_allocation_its_handle_names(reference_slot):
+    """The importer's checks (the program maps the reference's slot this way, the reference the
+    program's outputs): the exported slot maps whole; a range past it or a forged handle is refused."""
+    _, handle, nbytes = reference_slot
+    maps = cuda_ipc.Mappings()
+    try:
+        assert maps.view(handle, 0, nbytes, torch.device("cuda")).numel() == nbytes
+        with pytest.raises(cuda_ipc.IpcError, match="claims"):
+            maps.view(handle, 0, nbytes + (1 << 28), torch.device("cuda"))
+        with pytest.raises(cuda_ipc.IpcError):
+            maps.view(os.urandom(64), 0, 16, torch.device("cuda"))
+        with pytest.raises(cuda_ipc.IpcError, match="malformed"):
+            maps.view(b"short", 0, 16, torch.device("cuda"))
+    finally:
+        maps.close()

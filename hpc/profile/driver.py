@@ -1,0 +1,188 @@
+"""The harness's side of the timing protocol (hpc.profile.timing): set a worker pair up and run
+calls through it.
+
+On cpu the harness drives the calls itself: it copies each call's inputs from staging (where the
+reference made them) into the program's slot, flushes the last-level cache, times the call on its
+own clock, and copies a checked call's outputs out of the program's memory with process_vm_readv
+the moment it answers. On cuda the reference worker drives (it owns the device memory involved)
+and the harness waits for its report.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+
+from hpc.config import EvalConfig
+from hpc.profile.timing import (CALIBRATION_WARMUP, Call, Failure, LoopResult, calibration_calls, run_calls,
+                                stop_program)
+from hpc.sandbox.exchange import (HEADER_BYTES, InputLayout, TensorSpec, align, map_fd, read_failure,
+                                  read_outputs, read_process_memory)
+from hpc.sandbox.prestart import WorkerPair, harness_file
+from hpc.sandbox.process import SandboxError
+from hpc.task import Task
+
+
+def spinning(cfg: EvalConfig) -> bool:
+    """Whether the processes wait for each other's frames by polling (a core each, microsecond
+    answers) or by blocking (woken by the kernel, tens of microseconds)."""
+    mode = cfg.timing.handshake
+    if mode != "auto":
+        return mode == "spin"
+    return cfg.backend == "cuda" and len(os.sched_getaffinity(0)) >= 8
+
+
+def most_calls(cfg: EvalConfig) -> int:
+    """The longest run of calls an evaluation makes (a batch of inputs never needs to be larger)."""
+    t = cfg.timing
+    return max(t.warmup + t.iterations, t.calibration_calls + CALIBRATION_WARMUP,
+               cfg.correctness.trials + len(cfg.correctness.distributions))
+
+
+class PairDriver:
+    """One worker pair, set up for one task, running calls under the timing protocol."""
+
+    def __init__(self, pair: WorkerPair, cfg: EvalConfig):
+        self.pair, self.cfg = pair, cfg
+        self.spin = spinning(cfg)
+        self.agent: _HostAgent | None = None
+
+    def setup(self, task: Task, init_seed: int, probe_seed: int) -> dict:
+        """Lay out the task's inputs and outputs (reference), share the slot, map it in the program.
+        SandboxError (kind "task" for the task's own failures) when a step fails."""
+        cfg, ex = self.cfg, self.pair.exchange
+        ref, prog = self.pair.reference, self.pair.program
+        common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
+        laid = ref.request({"op": "setup", **common, "probe_seed": probe_seed,
+                            "task": str(harness_file(task.path, ref.workdir, "task.py"))})
+        layout = InputLayout.from_message(laid["layout"])
+        outputs = [TensorSpec.parse(o) for o in laid["outputs"]]
+        t = cfg.timing
+        flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
+        budget = (t.batch_mb_cuda if cfg.backend == "cuda" else t.batch_mb_cpu) << 20
+        per_call = align(layout.slot_bytes) + align(int(laid["output_bytes"]))
+        batch = max(1, min(most_calls(cfg), budget // max(per_call, 1)))
+        staging = batch * per_call if cfg.backend != "cuda" else 0
+        os.ftruncate(ex.slot, layout.slot_bytes if cfg.backend != "cuda" else 0)
+        os.ftruncate(ex.staging, staging)
+        shared = {"layout": laid["layout"], "outputs": laid["outputs"], "spin": self.spin}
+        attached = ref.request({"op": "attach", **shared, "fds": ex.reference.to_message(),
+                                "correctness": asdict(cfg.correctness), "flush_bytes": flush, "batch_bytes": budget,
+                                "staging_bytes": staging, "per_call": per_call})
+        prog.request({"op": "setup", **common, **shared, "fds": ex.program.to_message(),
+                      "task": str(harness_file(task.path, prog.workdir, "task.py")),
+                      "slot_handle": attached.get("slot_handle", "")})
+        if cfg.backend != "cuda":
+            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush)
+        return {"layout": layout, "outputs": outputs}
+
+    def run(self, calls: list[Call], batch_limit: int = 0) -> LoopResult:
+        """Run `calls` through the program's serve loop (`batch_limit`: see run_calls); a crashed or
+        hung program is killed and shows as the loop's failure (its exit described by the
+        program's SandboxError)."""
+        prog, timeout = self.pair.program, self.cfg.sandbox.timeout_s
+        prog.send({"op": "serve"})
+        if self.agent is not None:
+            result = run_calls(calls, self.agent, self.pair.exchange.go_write, self.pair.exchange.done_read,
+                               self.spin, time.monotonic() + timeout, batch_limit)
+            stop_program(self.pair.exchange.go_write)
+        else:
+            reply = self.pair.reference.request({"op": "run", "calls": [c.to_message() for c in calls],
+                                                 "timeout_s": timeout, "batch_limit": batch_limit})
+            failure = reply.get("failure")
+            result = LoopResult([int(x) for x in reply["times_ns"]], Failure(**failure) if failure else None,
+                                {k: reply[k] for k in ("checked", "max_abs_error", "max_rel_error")})
+        if result.failure is not None and result.failure.kind in ("timeout", "crash"):
+            prog.kill()
+        prog.receive("serve")
+        return result
+
+    def calibrate(self, seeds: list[int]) -> float:
+        """The handshake's fixed cost in nanoseconds: the median of the empty program's timed calls,
+        run before anything else is loaded in the program's process (SandboxError if it fails)."""
+        result = self.run(calibration_calls(seeds))
+        if result.failure is not None or not result.times_ns:
+            reason = result.failure.reason if result.failure else "no calls"
+            raise SandboxError(f"the empty program could not be timed: {reason}", "harness")
+        return statistics.median(result.times_ns)
+
+    def load(self, message: dict) -> dict:
+        return self.pair.program.request({"op": "load", **message})
+
+
+class _HostAgent:
+    """The cpu driver's work, in the harness: staging -> slot, the cache flush, outputs read out
+    of the program's memory."""
+
+    def __init__(self, pair: WorkerPair, layout: InputLayout, outputs: list[TensorSpec], per_call: int,
+                 batch: int, flush_bytes: int):
+        ex = pair.exchange
+        self.ref, self.pid = pair.reference, pair.program.worker_pid
+        self.layout, self.outputs, self.per_call, self.batch = layout, outputs, per_call, batch
+        self.header = map_fd(ex.header, HEADER_BYTES)
+        self.slot_map = map_fd(ex.slot, layout.slot_bytes)
+        self.staging_map = map_fd(ex.staging, batch * per_call)
+        self.slot = memoryview(self.slot_map) if self.slot_map is not None else memoryview(b"")
+        self.staging = memoryview(self.staging_map) if self.staging_map is not None else memoryview(b"")
+        self.flush_buffer = (ctypes.c_char * flush_bytes)() if flush_bytes else None
+        self.flushes = 0
+
+    def batch_size(self, calls: list[Call]) -> int:
+        return self.batch
+
+    def prepare(self, calls: list[Call]) -> Failure | None:
+        try:
+            self.ref.request({"op": "prepare", "calls": [c.to_message() for c in calls]})
+        except SandboxError as e:
+            return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}")
+        return None
+
+    def publish(self, index: int) -> None:
+        n = self.layout.slot_bytes
+        self.slot[:n] = self.staging[index * self.per_call:index * self.per_call + n]
+
+    def flush(self) -> None:
+        if self.flush_buffer is not None:
+            self.flushes += 1
+            ctypes.memset(self.flush_buffer, self.flushes & 0xFF, len(self.flush_buffer))
+
+    def capture(self, index: int, call: Call) -> Failure | None:
+        base = index * self.per_call + align(self.layout.slot_bytes)
+        try:
+            claims = read_outputs(self.header)
+            if len(claims) != len(self.outputs):
+                raise ValueError(f"returned {len(claims)} outputs, expected {len(self.outputs)}")
+            for k, (claim, o) in enumerate(zip(claims, self.outputs)):
+                if claim.shape != o.shape:
+                    raise ValueError(f"output {k} has shape {claim.shape}, expected {o.shape}")
+                if claim.dtype != o.dtype:
+                    raise ValueError(f"output {k} has dtype {claim.dtype}, expected {o.dtype}")
+                if o.nbytes:
+                    read_process_memory(self.pid, claim.address, self.staging[base + o.offset:base + o.offset + o.nbytes])
+        except (ValueError, OSError) as e:
+            return Failure("correctness", f"the program's outputs could not be read: {e}")
+        if call.check_inputs:
+            start = index * self.per_call
+            for k, entry in enumerate(self.layout.entries):
+                if isinstance(entry, TensorSpec) and entry.nbytes and not torch.equal(
+                        torch.frombuffer(self.slot, dtype=torch.uint8, count=entry.nbytes, offset=entry.offset),
+                        torch.frombuffer(self.staging, dtype=torch.uint8, count=entry.nbytes,
+                                         offset=start + entry.offset)):
+                    return Failure("policy", f"forward modified its input {k} in place")
+        return None
+
+    def check(self, calls: list[Call]) -> tuple[Failure | None, dict]:
+        try:
+            reply = self.ref.request({"op": "check", "calls": [c.to_message() for c in calls]})
+        except SandboxError as e:
+            return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}"), {}
+        failure = reply.get("failure")
+        return (Failure(**failure) if failure else None), reply
+
+    def program_failure(self) -> Failure:
+        return Failure(*read_failure(self.header))

@@ -1,0 +1,102 @@
+"""What the harness, the reference and the program share (hpc.sandbox.exchange): every claim the
+program writes is validated before anything acts on it, and frames end cleanly when a side dies."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+import time
+
+import pytest
+
+from hpc.sandbox.exchange import (HEADER_BYTES, MAX_OUTPUTS, STOP, CallTimeout, Exchange, InputLayout,
+                                  OutputDescriptor, ProgramGone, TensorSpec, packed, read_failure, read_frame,
+                                  read_outputs, read_process_memory, send_frame, write_failure, write_outputs)
+
+
+@pytest.fixture
+def header():
+    fd = os.memfd_create("test-header")
+    os.ftruncate(fd, HEADER_BYTES)
+    m = mmap.mmap(fd, HEADER_BYTES)
+    yield m
+    m.close()
+    os.close(fd)
+
+
+def test_output_descriptors_round_trip(header):
+    claims = [OutputDescriptor("float32", (2, 3), 4096), OutputDescriptor("bfloat16", (), 0, b"h" * 64)]
+    write_outputs(header, claims)
+    assert read_outputs(header) == claims
+
+
+@pytest.mark.parametrize("corrupt, words", [
+    (lambda h: struct.pack_into("<II", h, 0, MAX_OUTPUTS + 1, 0), "claims"),
+    (lambda h: struct.pack_into("<B", h, 64, 200), "malformed"),     # a dtype code past the table
+    (lambda h: struct.pack_into("<B", h, 65, 9), "malformed"),       # more dimensions than a descriptor holds
+    (lambda h: struct.pack_into("<q", h, 72, -5), "negative"),       # a negative extent
+])
+def test_a_malformed_claim_is_refused(header, corrupt, words):
+    write_outputs(header, [OutputDescriptor("float32", (4,), 0)])
+    corrupt(header)
+    with pytest.raises(ValueError, match=words):
+        read_outputs(header)
+
+
+def test_a_failure_keeps_its_kind_and_a_bounded_message(header):
+    write_failure(header, "policy", "x" * 10_000)
+    kind, message = read_failure(header)
+    assert kind == "policy" and 0 < len(message) <= 1000 and set(message) == {"x"}
+
+
+def test_the_layout_packs_tensors_aligned_and_keeps_constants():
+    tensors, total = packed([TensorSpec("float32", (3,)), TensorSpec("int64", (5, 2))])
+    assert [t.offset for t in tensors] == [0, 256] and total == 512
+    layout = InputLayout((tensors[0], {"value": 7}, tensors[1]), total)
+    assert InputLayout.from_message(layout.to_message()) == layout
+    with pytest.raises(ValueError):
+        TensorSpec.parse({"dtype": "object", "shape": [1]})
+
+
+def test_frames_time_out_and_end_when_the_writer_is_gone():
+    r, w = os.pipe()
+    try:
+        send_frame(w, 7, 1)
+        assert read_frame(r, time.monotonic() + 1, spin=False) == (7, 1)
+        with pytest.raises(CallTimeout):
+            read_frame(r, time.monotonic() + 0.05, spin=False)
+        os.set_blocking(r, False)
+        send_frame(w, STOP, 0)
+        assert read_frame(r, math.inf, spin=True) == (STOP, 0)
+    finally:
+        os.close(w)
+    with pytest.raises(ProgramGone):
+        read_frame(r, time.monotonic() + 1, spin=True)
+    os.close(r)
+
+
+def test_the_program_is_given_no_staging_and_the_driver_keeps_only_its_pipe_ends():
+    """Staging (the reference's batch of future inputs) never reaches the program's process."""
+    cpu, cuda = Exchange.create("cpu"), Exchange.create("cuda")
+    try:
+        for ex in (cpu, cuda):
+            assert ex.program.staging == -1 and ex.staging not in Exchange.passed(ex.program)
+        assert cpu.reference.go == -1 and cuda.reference.go == cuda.go_write   # the driver: harness, reference
+        cpu.after_start()
+        assert cpu.go_read == -1 and cpu.done_write == -1 and cpu.go_write >= 0
+    finally:
+        cpu.close()
+        cuda.close()
+
+
+def test_process_memory_is_read_only_where_the_claim_is_mapped():
+    import ctypes
+
+    data = ctypes.create_string_buffer(b"abcdefgh", 8)
+    out = bytearray(8)
+    read_process_memory(os.getpid(), ctypes.addressof(data), memoryview(out))
+    assert bytes(out) == b"abcdefgh"
+    with pytest.raises(OSError):
+        read_process_memory(os.getpid(), 8, memoryview(bytearray(16)))
