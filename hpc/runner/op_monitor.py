@@ -8,8 +8,9 @@ policy it enforces is the allowlist plus every overload that only decomposes int
 (CompositeImplicitAutograd with no kernel of its own): each of those ops is seen and checked too.
 
 A forward could switch the callback off (clear torch's callbacks, disable RecordFunction on its
-thread) and then look clean: so `disarm` dispatches a canary operator while still armed, and a canary
-the callback did not see makes the verdict `DISABLED`. A switch scoped inside one native call (a
+thread) and then look clean: so `disarm` records a canary while still armed, through the gate the
+dispatcher passes for every operator, and a canary the callback did not see makes the verdict
+`DISABLED`. A switch scoped inside one native call (a
 RecordFunctionGuard in a load_inline function) is back on when the call returns: the canary cannot
 see it, the static check of the inline sources (hpc/verify/static.py) refuses the names.
 

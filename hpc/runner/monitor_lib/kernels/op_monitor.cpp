@@ -3,11 +3,9 @@
 // harness against the running torch (never by a candidate) and driven from hpc/runner/op_monitor.py.
 //
 // A callback that is not called sees nothing: a forward that cleared torch's callbacks or switched
-// RecordFunction off on its thread would look clean. So disarm dispatches a canary operator while
-// still armed, and a canary the callback did not see makes the call's verdict kDisabled.
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/is_same_size_ops.h>
+// RecordFunction off on its thread would look clean. So disarm records a canary while still armed,
+// through the gate the dispatcher passes for every operator, and a canary the callback did not see
+// makes the call's verdict kDisabled.
 #include <ATen/record_function.h>
 
 #include <atomic>
@@ -40,7 +38,6 @@ thread_local int inside_allowed = 0;
 // Set only around disarm's own canary call, on disarm's thread: other threads' operators stay checked.
 thread_local bool canary_running = false;
 std::atomic<bool> canary_seen{false};
-at::Tensor* canary_tensor = nullptr;   // never freed: a static Tensor would outlive torch at exit
 constexpr long kDisabled = -1;
 
 struct Allowed : at::ObserverContext {};
@@ -96,15 +93,19 @@ void add_lines(const char* text, std::unordered_set<std::string_view>& into) {
   }
 }
 
-// A real operator through the dispatcher, as the candidate's are, on the calling thread.
+// A FUNCTION-scope record on the calling thread, gated as Dispatcher::call gates each operator's:
+// by torch's global and thread-local callbacks and the thread's RecordFunction switch.
 bool canary_is_seen() {
   canary_seen.store(false, std::memory_order_relaxed);
   canary_running = true;
   try {
-    at::_ops::is_same_size::call(*canary_tensor, *canary_tensor);
+    auto step = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+    if (step) {
+      at::RecordFunction canary(std::move(*step));
+      canary.before("hpc::canary");
+    }
   } catch (...) {
-    canary_running = false;
-    return false;
+    canary_seen.store(false, std::memory_order_relaxed);
   }
   canary_running = false;
   return canary_seen.load(std::memory_order_relaxed);
@@ -121,7 +122,6 @@ extern "C" int hpc_op_monitor_policy(const char* ops, const char* overloads) {
   add_lines(ops, allowed_ops);
   add_lines(overloads, allowed_overloads);
   if (!installed) {
-    canary_tensor = new at::Tensor(at::empty({0}));
     at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}));
     installed = true;
   }
