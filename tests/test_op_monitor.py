@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hpc.runner.guard import ALLOWED_OPS
-from hpc.runner.op_monitor import OpMonitor, decomposing_overloads, op_monitor_library
+from hpc.runner.op_monitor import DISABLED, OpMonitor, decomposing_overloads, op_monitor_library
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,9 @@ def _first_violation(monitor: OpMonitor, fn) -> str:
     try:
         fn()
     finally:
-        violation = monitor.disarm()
-    return violation
+        verdict = monitor.disarm()
+    assert verdict != DISABLED
+    return monitor.first() if verdict else ""
 
 
 X = torch.randn(8, 8)
@@ -70,7 +71,7 @@ def test_nothing_is_recorded_while_disarmed(monitor):
     assert _first_violation(monitor, lambda: X.sum()) == "aten::sum"
     seen = monitor.seen()
     X.sum()
-    assert monitor.seen() == seen and monitor.disarm() == "aten::sum"   # the verdict of the last armed call
+    assert monitor.seen() == seen and monitor.disarm() > 0 and monitor.first() == "aten::sum"   # the last armed call's
 
 
 def test_extra_allowed_ops_extend_the_policy(library):
@@ -92,3 +93,31 @@ def test_decomposing_overloads_exclude_ops_with_kernels():
     overloads = decomposing_overloads()
     assert {"aten::linear", "aten::reshape", "aten::to.dtype"} <= overloads
     assert not {"aten::mm", "aten::add.Tensor", "aten::relu", "aten::where.self"} & overloads
+
+
+@pytest.fixture
+def record_function_off():
+    """RecordFunction switched off on this thread, as a forward could leave it: torch's own switch."""
+    switch = torch._C._autograd._enable_record_function
+    yield lambda: switch(False)
+    switch(True)
+
+
+def test_a_forward_that_switches_record_function_off_is_disabled(monitor, record_function_off):
+    monitor.arm()
+    record_function_off()
+    torch.relu(X)                                  # unseen: no callback runs
+    assert monitor.disarm() == DISABLED
+
+
+def test_switching_off_another_thread_leaves_the_calling_thread_seen(monitor, record_function_off):
+    def forward():
+        worker = threading.Thread(target=record_function_off)
+        worker.start()
+        worker.join()
+
+    assert _first_violation(monitor, forward) == ""
+
+
+def test_the_canary_is_not_counted_as_an_operator(monitor):
+    assert _first_violation(monitor, lambda: None) == "" and monitor.seen() == 0

@@ -3,6 +3,7 @@
 Inside `ModelNew.forward` a candidate may allocate, take views, copy memory and call its own
 kernels. Every other aten op (matmul, add, softmax...) means torch did the work: a violation,
 seen on every call (correctness trials and timed calls alike) by the op monitor.
+A forward that switches the monitor off fails too (its canary, `disarm`, is not seen).
 A forward that calls none of its own kernels, starts threads, mutates its inputs or returns
 anything but plain tensors fails too. Each failure carries a named reason.
 """
@@ -15,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hpc.runner.inputs import as_tuple
-from hpc.runner.op_monitor import OpMonitor
+from hpc.runner.op_monitor import DISABLED, OpMonitor
 
 ALLOWED_OPS = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like
@@ -88,9 +89,13 @@ class ForwardGuard:
                 with _PoisonFill(poison):
                     out = self.model(*inputs)
         finally:
-            violation = self.monitor.disarm()
-        if violation:
-            raise PolicyViolation(f"torch op {_op_name(violation)} inside ModelNew.forward (torch must not do the work)")
+            verdict = self.monitor.disarm()
+        if verdict == DISABLED:
+            raise PolicyViolation("the op monitor was disabled during forward (torch's RecordFunction callbacks "
+                                  "were cleared or switched off)")
+        if verdict:
+            raise PolicyViolation(f"torch op {_op_name(self.monitor.first())} inside ModelNew.forward "
+                                  "(torch must not do the work)")
         if threading.active_count() > threads:
             raise PolicyViolation("forward started a thread that outlives the call")
         if self.require_custom_kernel and self.launch_counter() == launches:

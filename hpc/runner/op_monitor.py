@@ -7,6 +7,13 @@ around the forward, at ~1 us a call. It sees each operator before any decomposit
 policy it enforces is the allowlist plus every overload that only decomposes into other operators
 (CompositeImplicitAutograd with no kernel of its own): each of those ops is seen and checked too.
 
+A forward could switch the callback off (clear torch's callbacks, disable RecordFunction on its
+thread) and then look clean: so `disarm` records a canary while still armed, through the gate the
+dispatcher passes for every operator, and a canary the callback did not see makes the verdict
+`DISABLED`. A switch scoped inside one native call (a
+RecordFunctionGuard in a load_inline function) is back on when the call returns: the canary cannot
+see it, the static check of the inline sources (hpc/verify/static.py) refuses the names.
+
 Built by the harness against the running torch, once per machine and torch version, outside the
 sandbox, like the timing start gate; a worker loads it by path before any candidate code runs.
 """
@@ -24,6 +31,7 @@ from hpc.compile.native import Toolchain, compile_workdir
 from hpc.errors import UserError
 
 MONITOR_WORKDIR = Path(__file__).parent / "monitor_lib"
+DISABLED = -1   # disarm's verdict when the canary was not seen: the monitor was switched off
 
 
 def _toolchain() -> Toolchain:
@@ -54,7 +62,9 @@ def decomposing_overloads() -> frozenset[str]:
 
 
 class OpMonitor:
-    """Arm around a forward; `disarm` names the first operator outside the allowlist, or ""."""
+    """Arm around a forward; `disarm()` returns how many operators outside the allowlist ran since
+    `arm()` (0: none; `first()` names the first) or `DISABLED`. Both are the library's functions
+    themselves, with no Python in between: they run around every timed call."""
 
     def __init__(self, library: str | Path, allowed: frozenset[str]):
         lib = ctypes.CDLL(str(library))
@@ -67,10 +77,10 @@ class OpMonitor:
             raise RuntimeError("op monitor: the policy cannot change while it is armed")
         self._lib = lib
         self.arm = lib.hpc_op_monitor_arm
+        self.disarm = lib.hpc_op_monitor_disarm
 
-    def disarm(self) -> str:
-        if not self._lib.hpc_op_monitor_disarm():
-            return ""
+    def first(self) -> str:
+        """The first operator outside the allowlist between the last arm and disarm, or ""."""
         buf = ctypes.create_string_buffer(256)
         self._lib.hpc_op_monitor_first(buf, len(buf))
         return buf.value.decode(errors="replace")

@@ -1,6 +1,11 @@
 // The evaluator's op monitor: a RecordFunction callback on every thread that sees each operator a
 // candidate's forward dispatches and remembers the first one outside the policy. Built by the
 // harness against the running torch (never by a candidate) and driven from hpc/runner/op_monitor.py.
+//
+// A callback that is not called sees nothing: a forward that cleared torch's callbacks or switched
+// RecordFunction off on its thread would look clean. So disarm records a canary while still armed,
+// through the gate the dispatcher passes for every operator, and a canary the callback did not see
+// makes the call's verdict kDisabled.
 #include <ATen/record_function.h>
 
 #include <atomic>
@@ -20,6 +25,7 @@ std::unordered_set<std::string_view> allowed_overloads;  // "aten::to.dtype": th
 std::atomic<bool> armed{false};
 std::atomic<long> seen{0};
 std::atomic<long> violations{0};
+std::atomic<long> last_verdict{0};
 std::mutex first_mutex;
 std::string first;
 bool installed = false;
@@ -28,6 +34,11 @@ bool installed = false;
 // clamp_min) are its implementation, not the candidate's: they are not checked. An operator
 // allowed only because it decomposes gets no such pass, so linear's matmul is still checked.
 thread_local int inside_allowed = 0;
+
+// Set only around disarm's own canary call, on disarm's thread: other threads' operators stay checked.
+thread_local bool canary_running = false;
+std::atomic<bool> canary_seen{false};
+constexpr long kDisabled = -1;
 
 struct Allowed : at::ObserverContext {};
 
@@ -47,6 +58,10 @@ Verdict verdict(const at::RecordFunction& fn) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!armed.load(std::memory_order_acquire)) return nullptr;
+  if (canary_running) {
+    canary_seen.store(true, std::memory_order_relaxed);
+    return nullptr;
+  }
   seen.fetch_add(1, std::memory_order_relaxed);
   if (inside_allowed > 0) return nullptr;
   switch (verdict(fn)) {
@@ -78,6 +93,24 @@ void add_lines(const char* text, std::unordered_set<std::string_view>& into) {
   }
 }
 
+// A FUNCTION-scope record on the calling thread, gated as Dispatcher::call gates each operator's:
+// by torch's global and thread-local callbacks and the thread's RecordFunction switch.
+bool canary_is_seen() {
+  canary_seen.store(false, std::memory_order_relaxed);
+  canary_running = true;
+  try {
+    auto step = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+    if (step) {
+      at::RecordFunction canary(std::move(*step));
+      canary.before("hpc::canary");
+    }
+  } catch (...) {
+    canary_seen.store(false, std::memory_order_relaxed);
+  }
+  canary_running = false;
+  return canary_seen.load(std::memory_order_relaxed);
+}
+
 }  // namespace
 
 // Replaces the policy: newline-separated operator names (all overloads) and overload names.
@@ -101,10 +134,14 @@ extern "C" void hpc_op_monitor_arm() {
   armed.store(true, std::memory_order_release);
 }
 
-// Stops watching; returns how many operators outside the policy ran since arm.
+// Stops watching; returns how many operators outside the policy ran since arm, or kDisabled when
+// the monitor was not seeing operators at the end of the call. Disarmed already: the last verdict.
 extern "C" long hpc_op_monitor_disarm() {
+  if (!armed.load(std::memory_order_acquire)) return last_verdict.load();
+  const bool seeing = canary_is_seen();
   armed.store(false, std::memory_order_release);
-  return violations.load();
+  last_verdict.store(seeing ? violations.load() : kDisabled);
+  return last_verdict.load();
 }
 
 extern "C" long hpc_op_monitor_seen() { return seen.load(); }
