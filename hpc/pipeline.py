@@ -82,7 +82,8 @@ class _StageClock:
 
 def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str,
                 clock: _StageClock, lock: DeviceLock) -> None:
-    defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file)
+    defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file,
+                            cfg.policy.libraries)
               or kernel_defect(candidate.files, cfg.policy.libraries))
     clock.mark("static")
     if defect:

@@ -19,6 +19,7 @@ from tests.conftest import RELU_TASK, TESTS
 
 HACKS = TESTS / "hacks"
 RELU_LARGE = TESTS / "fixtures" / "tasks" / "level1" / "relu_large.py"
+MEAN_ROWS = TESTS / "fixtures" / "tasks" / "level1" / "mean_rows.py"
 
 # hack -> (stage that rejects it, words the reason must contain)
 EXPECTED = {
@@ -41,6 +42,7 @@ EXPECTED = {
     "out_of_memory": ("correctness", "allocate"),
     "library_bypass": ("compile", "undefined reference"),
     "dynamic_loading": ("static", "dynamic loading is not allowed"),
+    "deferred_when_timed": ("timing", "output of timed call"),
 }
 
 
@@ -54,7 +56,7 @@ def config(request, fast_config, cache_dir):
     return fast_config if request.param == "cpu" else request.getfixturevalue("cuda_config")
 
 
-PAID_BY_REAL_TIME = ["clock_rewrite"]   # correct, lying about time: paid as honest (tests below)
+PAID_BY_REAL_TIME = ["clock_rewrite", "predicted_inputs"]   # correct, forging in vain: paid as honest (below)
 
 
 def test_every_hack_folder_has_an_expectation():
@@ -115,6 +117,36 @@ def test_clocks_rewritten_through_the_python_c_api_change_nothing(tmp_path, conf
 def test_libc_clock_rewritten_in_memory_changes_nothing(config, honest_ms):
     """Native code patches libc's clock_gettime (every clock of its process) to run 1000x slow."""
     _paid_by_real_time(evaluate(load_task(RELU_LARGE), load_candidate(HACKS / "clock_rewrite"), config), honest_ms)
+
+
+def test_inputs_predicted_from_the_init_seed_never_come(tmp_path, config):
+    """predicted_inputs was paid 31x (reward 3; `hpc eval` of this folder on the previous protocol)
+    when every input derived from the init seed it can read: it answers from a table of predicted
+    inputs. Drawn on their own, no input is in its table: it is paid as its twin without the table."""
+    twin = tmp_path / "twin"
+    shutil.copytree(HACKS / "predicted_inputs", twin)
+    model = twin / "model_new.py"
+    model.write_text(model.read_text().replace("PREDICT = True", "PREDICT = False"))
+    task = load_task(MEAN_ROWS)
+    attack, honest = evaluate(task, load_candidate(HACKS / "predicted_inputs"), config), evaluate(
+        task, load_candidate(twin), config)
+    assert attack.status == "ok" and honest.status == "ok", (attack.reason, honest.reason)
+    assert attack.candidate_ms > 0.3 * honest.candidate_ms, (attack.candidate_ms, honest.candidate_ms)
+
+
+def test_every_seed_is_drawn_on_its_own():
+    """No seed a call's inputs come from is the init seed (which the candidate reads) plus an offset,
+    and two evaluations share none."""
+    from hpc.config import load_config
+    from hpc.pipeline import Seeds
+
+    cfg = load_config()
+    a, b = Seeds.draw(cfg), Seeds.draw(cfg)
+    drawn = [a.probe, *a.calibration, *(t["seed"] for t in a.trials), *a.timing]
+    assert len(set(drawn)) == len(drawn)
+    assert all(abs(s - a.init) > 1 << 40 for s in drawn)
+    assert not set(drawn) & {b.probe, *b.calibration, *(t["seed"] for t in b.trials), *b.timing}
+    assert len(a.checked) == cfg.correctness.timed_checks and a.checked != b.checked
 
 
 def test_hang_is_killed_at_the_timeout(config):

@@ -279,8 +279,7 @@ def _check_calls(ref: ReferenceWorker, calls: list[Call], inputs_of, captured_of
             if not again.ok:
                 return Failure("task", f"the task's Model is not deterministic: two runs on the same inputs "
                                        f"differ ({again.reason})", j), measured
-            where = f"seed {call.seed}, {call.distribution} inputs" if not call.timed else "a timed call"
-            return Failure("correctness", f"({where}): {cmp.reason}", j), measured
+            return Failure("correctness", cmp.reason, j), measured
     return None, measured
 
 
