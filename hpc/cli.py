@@ -138,7 +138,7 @@ def _eval(args, cfg) -> int:
         candidate, reason = None, str(e)
     with _results(args, cfg) as append:
         rec = storable(evaluate_safely(task, candidate, cfg) if candidate
-                       else unevaluated(task, shown(args.candidate), cfg, reason))
+                       else unevaluated(task, os.path.abspath(args.candidate), cfg, reason))
         append(rec)
     print(json.dumps(rec.summary()) if args.json else summary_table([rec]))
     if rec.status == "error":   # the task's or the harness's fault, not the candidate's

@@ -241,6 +241,13 @@ def test_odd_out_or_config_is_one_error_line_and_exit_2(tmp_path, option, make, 
     assert words in one_line(stderr, f"error: {option} " if option == "--out" else "error: config ")
 
 
+def test_eval_suite_refuses_a_fifo_for_tasks_and_a_file_for_candidates(tmp_path):
+    rc, stdout, stderr = cli("eval-suite", _fifo(tmp_path), tmp_path, timeout=120)
+    assert rc == 2 and "f.py: not a regular file or folder" in one_line(stderr, "error: tasks ")
+    rc, stdout, stderr = cli("eval-suite", RELU_TASK, RELU_TASK)
+    assert rc == 2 and f"{RELU_TASK}: not a folder" in one_line(stderr, "error: candidates ")
+
+
 def test_results_file_keeps_every_record_through_failing_commands(tmp_path, cache_dir, monkeypatch):
     """An honest record first; then commands that fail in each way, against the same --out."""
     monkeypatch.setenv("HPC_CACHE_DIR", str(cache_dir))
