@@ -33,12 +33,31 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
+MAX_SEED = 1 << 62   # seeds derived from it (trials, timing) stay within torch's 64 bits
+
+
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if seed >= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SEED - 1}, got {seed}")
+    return seed
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
     p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")
-    p.add_argument("--config", help="YAML evaluation config (see docs/config.md)")
-    p.add_argument("--out", help="append records to this HDF5 file")
-    p.add_argument("--seed", type=int, help="fixed seed for inputs (default: fresh random seeds, recorded)")
+    p.add_argument("--config", type=_path, help="YAML evaluation config (see docs/config.md)")
+    p.add_argument("--out", type=_path, help="append records to this HDF5 file")
+    p.add_argument("--seed", type=_seed, help="fixed seed for inputs (default: fresh random seeds, recorded)")
     p.add_argument("--iterations", type=int, help="timed iterations (default 100)")
 
 
@@ -46,13 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     one = sub.add_parser("eval", help="evaluate one candidate on one task")
-    one.add_argument("task", help="KernelBench problem file")
-    one.add_argument("candidate", help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")
+    one.add_argument("task", type=_path, help="KernelBench problem file")
+    one.add_argument("candidate", type=_path, help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")
     _common(one)
     one.add_argument("--json", action="store_true", help="print one JSON object")
     suite = sub.add_parser("eval-suite", help="evaluate a folder of candidates against a folder of tasks")
-    suite.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
-    suite.add_argument("candidates", help="folder of candidates laid out like the tasks (e.g. kernels/solutions)")
+    suite.add_argument("tasks", type=_path, help="folder of problem files (e.g. kernels/tasks)")
+    suite.add_argument("candidates", type=_path,
+                       help="folder of candidates laid out like the tasks (e.g. kernels/solutions)")
     suite.add_argument("--only", action="append", help="evaluate only task ids containing this (repeatable)")
     suite.add_argument("--jobs", type=int, default=1,
                        help="evaluations at once on the device; timed runs still take it alone (default 1)")
@@ -128,7 +148,7 @@ def _run(args) -> int:
 
 def _eval(args, cfg) -> int:
     from hpc.candidate import load_candidate
-    from hpc.suite import evaluate_safely, storable, summary_table, unevaluated
+    from hpc.suite import evaluate_safely, one_line, storable, summary_table, unevaluated
     from hpc.task import load_task
 
     task = load_task(args.task)
@@ -142,10 +162,10 @@ def _eval(args, cfg) -> int:
         append(rec)
     print(json.dumps(rec.summary()) if args.json else summary_table([rec]))
     if rec.status == "error":   # the task's or the harness's fault, not the candidate's
-        print(f"error: {task.task_id}: {rec.failed_stage}: {_one_line(rec.reason)}", file=sys.stderr)
+        print(one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
         return 2
     if rec.failed_stage:
-        print(f"{rec.status}: {rec.failed_stage}: {_one_line(rec.reason)}", file=sys.stderr)
+        print(one_line(f"{rec.status}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
         return 1
     return 0
 
@@ -153,7 +173,7 @@ def _eval(args, cfg) -> int:
 def _eval_suite(args, cfg) -> int:
     from pathlib import Path
 
-    from hpc.suite import evaluate_suite, summary_table
+    from hpc.suite import evaluate_suite, one_line, summary_table
     from hpc.task import discover_suite
 
     if args.jobs < 1:
@@ -171,8 +191,8 @@ def _eval_suite(args, cfg) -> int:
     print(summary_table(records))
     errors = [r for r in records if r.status == "error"]
     if errors:   # everything is recorded; the exit code still says that some task was not evaluated
-        print(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
-              f"{errors[0].task_id}: {errors[0].failed_stage}: {_one_line(errors[0].reason)}", file=sys.stderr)
+        print(one_line(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
+                       f"{errors[0].task_id}: {errors[0].failed_stage}: {errors[0].reason}"), file=sys.stderr)
         return 2
     return 0
 
@@ -195,10 +215,6 @@ def _results(args, cfg) -> Iterator[Callable[[object], None]]:
         raise UserError(f"{what}: cannot write ({e.strerror or e})") from None
     with writer:
         yield writer.append
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _import_kernelbench(args) -> int:

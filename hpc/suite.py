@@ -99,16 +99,23 @@ def evaluate_suite(tasks: list[Task | BadTask], candidates_root: Path, cfg: Eval
         return storable(evaluate_safely(task, candidate, cfg))
 
     records: dict[int, EvalRecord] = {}
-    with prestarted_workers(default_depth(jobs)), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool, \
+    jobs = max(1, min(jobs, len(tasks)))   # more at once than tasks would only start idle workers
+    with prestarted_workers(default_depth(jobs)), ThreadPoolExecutor(max_workers=jobs) as pool, \
             Progress(len(tasks), "eval-suite") as progress:
         futures = {pool.submit(one, task): i for i, task in enumerate(tasks)}
         for future in as_completed(futures):
             i = futures[future]
             rec = records[i] = future.result()
-            progress.advance(f"[{len(records)}/{len(tasks)}] {rec.task_id}: {_status(rec)}")
+            progress.advance(one_line(f"[{len(records)}/{len(tasks)}] {rec.task_id}: {_status(rec)}"))
             if on_record is not None:
                 on_record(rec)
     return [records[i] for i in range(len(tasks))]
+
+
+def one_line(text: str) -> str:
+    """`text` as one line for a terminal: line breaks as spaces, other control characters (a
+    candidate's own messages may hold escape sequences) escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in " ".join(text.splitlines()))
 
 
 def _status(rec: EvalRecord) -> str:
@@ -127,8 +134,8 @@ def summary_table(records: list[EvalRecord]) -> str:
            f"{'vs compile':>10}  status"
     lines = [head, "-" * len(head)]
     for r in records:
-        status = "ok" if not r.failed_stage else f"{r.failed_stage}: {r.reason}"[:60]
-        lines.append(f"{r.task_id:<36} {_fmt(r.reward, 'g'):>6} {_fmt(r.candidate_ms):>9} {_fmt(r.eager_ms):>9} "
+        status = "ok" if not r.failed_stage else one_line(f"{r.failed_stage}: {r.reason}")[:60]
+        lines.append(f"{one_line(r.task_id):<36} {_fmt(r.reward, 'g'):>6} {_fmt(r.candidate_ms):>9} {_fmt(r.eager_ms):>9} "
                      f"{_fmt(r.compile_ms):>10} {_fmt(r.speedup_eager, '.2f'):>8} {_fmt(r.speedup_compile, '.2f'):>10}"
                      f"  {status}")
     lines.append("")

@@ -241,6 +241,22 @@ def test_odd_out_or_config_is_one_error_line_and_exit_2(tmp_path, option, make, 
     assert words in one_line(stderr, f"error: {option} " if option == "--out" else "error: config ")
 
 
+@pytest.mark.parametrize("args, words", [
+    (["eval", "", "c.py"], "argument task: expected a path, got an empty string"),
+    (["eval", RELU_TASK, "c.py", "--out", ""], "argument --out: expected a path"),
+    (["eval", RELU_TASK, "c.py", "--config", ""], "argument --config: expected a path"),
+    (["eval-suite", RELU_TASK, ""], "argument candidates: expected a path"),
+    (["eval", RELU_TASK, "c.py", "--seed", str(1 << 64)], f"argument --seed: at most {(1 << 62) - 1}"),
+    (["eval", RELU_TASK, "c.py", "--seed", "1e3"], "argument --seed: expected an integer, got '1e3'"),
+], ids=["empty-task", "empty-out", "empty-config", "empty-candidates", "huge-seed", "float-seed"])
+def test_odd_arguments_are_one_error_line_before_any_work(tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    _nul(tmp_path).rename(tmp_path / "c.py")
+    rc, stdout, stderr = cli(*args)
+    assert rc == 2 and not stdout and words in one_line(stderr, "error: hpc ")
+    assert os.listdir(tmp_path) == ["c.py"]
+
+
 def test_eval_suite_refuses_a_fifo_for_tasks_and_a_file_for_candidates(tmp_path):
     rc, stdout, stderr = cli("eval-suite", _fifo(tmp_path), tmp_path, timeout=120)
     assert rc == 2 and "f.py: not a regular file or folder" in one_line(stderr, "error: tasks ")
@@ -268,10 +284,10 @@ def test_results_file_keeps_every_record_through_failing_commands(tmp_path, cach
 
     # the task's fault (its module raises on import): status error, exit 2, and still recorded
     boom = tmp_path / "level1" / "boom.py"
-    boom.write_text(RELU_TASK.read_text() + "\nraise RuntimeError('no such dataset\\non this machine')\n")
+    boom.write_text(RELU_TASK.read_text() + "\nraise RuntimeError('no such dataset\\non this \\x1b[2Jmachine')\n")
     rc, stdout, stderr = cli("eval", boom, HONEST, *fast, "--json")
     line = one_line(stderr, "error: level1/boom: load: ")
-    assert rc == 2 and "no such dataset on this machine" in line, stderr
+    assert rc == 2 and "no such dataset on this \\x1b[2Jmachine" in line, stderr
     assert json.loads(stdout)["status"] == "error" and json.loads(stdout)["reward"] is None
 
     # the harness itself raising is an error record too, not a traceback
