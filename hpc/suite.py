@@ -135,9 +135,9 @@ def summary_table(records: list[EvalRecord]) -> str:
     lines = [head, "-" * len(head)]
     for r in records:
         status = "ok" if not r.failed_stage else one_line(f"{r.failed_stage}: {r.reason}")[:60]
-        lines.append(f"{one_line(r.task_id):<36} {_fmt(r.reward, 'g'):>6} {_fmt(r.candidate_ms):>9} {_fmt(r.eager_ms):>9} "
-                     f"{_fmt(r.compile_ms):>10} {_fmt(r.speedup_eager, '.2f'):>8} {_fmt(r.speedup_compile, '.2f'):>10}"
-                     f"  {status}")
+        lines.append(f"{one_line(r.task_id):<36} {_fmt(r.reward, 'g'):>6} {_fmt(r.candidate_ms):>9} "
+                     f"{_fmt(r.eager_ms):>9} {_fmt(r.compile_ms):>10} {_fmt(r.speedup_eager, '.2f'):>8} "
+                     f"{_fmt(r.speedup_compile, '.2f'):>10}  {status}")
     lines.append("")
     lines.append(f"{'group':<10} {'n':>3} {'correct':>8} {'>eager':>7} {'>compile':>9} {'geo vs eager':>13} "
                  f"{'geo vs compile':>15} {'mean reward':>12}")

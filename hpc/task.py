@@ -76,7 +76,8 @@ def _declared_scales(tree: ast.Module, path: Path) -> tuple[str, ...]:
             if not (isinstance(value, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str)
                                                         and isinstance(v, ast.Dict)
                                                         for k, v in zip(value.keys, value.values))):
-                raise UserError(f"task {shown(path)}: SCALES must be a dict literal mapping scale name to a dict of overrides")
+                raise UserError(f"task {shown(path)}: SCALES must be a dict literal mapping scale name to a dict "
+                                "of overrides")
             names = {k.value for k in value.keys}
             unknown = names - set(SCALES)
             if unknown:
