@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.compile.native import SOURCE_SUFFIX
-from hpc.errors import UserError
+from hpc.errors import CandidateError, UserError, os_reason, read_input, shown, utf8_name
 
 SINGLE_FILE = "single_file"
 WORKDIR = "workdir"
 MODEL_FILE = "model_new.py"
 MAX_FILES = 64
 MAX_BYTES = 4 << 20
+KERNEL_SUFFIXES = (*SOURCE_SUFFIX.values(), ".h", ".hpp", ".cuh")
 
 
 @dataclass(frozen=True)
@@ -43,34 +46,71 @@ class Candidate:
 
 
 def load_candidate(path: str | Path) -> Candidate:
-    """Read a candidate into memory, so later edits to the source cannot change what is evaluated."""
+    """Read a candidate into memory, so later edits to the source cannot change what is evaluated.
+
+    UserError when `path` does not exist; CandidateError (a UserError) when it exists but is no
+    candidate: neither a .py file nor a workdir, unreadable, too large, a FIFO or link loop where a
+    file should be, a link out of the workdir, or a file name that is not valid UTF-8 (file names
+    are hashed and stored as text)."""
     path = Path(path)
-    if path.is_file():
-        if path.suffix != ".py":
-            raise UserError(f"candidate {path}: expected a .py file or a workdir folder")
-        files = {path.name: path.read_bytes()}
-        kind = SINGLE_FILE
-    elif path.is_dir():
-        if not (path / MODEL_FILE).is_file() or not _inside(path / MODEL_FILE, path):
-            raise UserError(f"candidate {path}: workdir has no {MODEL_FILE}")
-        files = {MODEL_FILE: (path / MODEL_FILE).read_bytes()}
+    what = f"candidate {shown(path)}"
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"{what}: no such file or folder") from None
+    except OSError as e:
+        raise CandidateError(f"{what}: {os_reason(e)}") from None
+    budget = _Budget(what)
+    if stat.S_ISDIR(st.st_mode):
+        files = {MODEL_FILE: budget.read(path, MODEL_FILE)}
         kdir = path / "kernels"
-        if kdir.is_dir():
-            for p in sorted(kdir.iterdir()):
-                if _inside(p, path) and p.is_file() and p.suffix in (*SOURCE_SUFFIX.values(), ".h", ".hpp", ".cuh"):
-                    files[f"kernels/{p.name}"] = p.read_bytes()
+        if os.path.lexists(kdir):
+            if not os.path.isdir(kdir):
+                raise CandidateError(f"{what}: kernels is not a folder")
+            try:
+                names = sorted(os.listdir(kdir))
+            except OSError as e:
+                raise CandidateError(f"{what}: kernels: {os_reason(e)}") from None
+            for name in names:
+                if os.path.splitext(name)[1] in KERNEL_SUFFIXES:
+                    files[f"kernels/{name}"] = budget.read(path, f"kernels/{name}")
         kind = WORKDIR
+    elif path.suffix != ".py":
+        raise CandidateError(f"{what}: expected a .py file or a workdir folder")
     else:
-        raise UserError(f"candidate {path}: no such file or folder")
-    if len(files) > MAX_FILES or sum(map(len, files.values())) > MAX_BYTES:
-        raise UserError(f"candidate {path}: too large (at most {MAX_FILES} files, {MAX_BYTES >> 20} MiB)")
+        if not utf8_name(path.name):
+            raise CandidateError(f"{what}: file name is not valid UTF-8")
+        files = {path.name: read_input(path, MAX_BYTES, what, CandidateError)}
+        kind = SINGLE_FILE
     h = hashlib.sha256()
     for name, data in sorted(files.items()):
         h.update(name.encode() + b"\0" + data + b"\0")
-    return Candidate(path.resolve(), kind, h.hexdigest(), files)
+    return Candidate(Path(os.path.realpath(path)), kind, h.hexdigest(), files)
+
+
+class _Budget:
+    """A workdir's files, read one by one within MAX_FILES and MAX_BYTES in all."""
+
+    def __init__(self, what: str):
+        self.what, self.files, self.left = what, 0, MAX_BYTES
+
+    def read(self, root: Path, name: str) -> bytes:
+        what = f"{self.what}: {shown(name)}"
+        if not utf8_name(name):
+            raise CandidateError(f"{what}: file name is not valid UTF-8")
+        self.files += 1
+        if self.files > MAX_FILES:
+            raise CandidateError(f"{self.what}: too many files (at most {MAX_FILES})")
+        path = root / name
+        if not os.path.lexists(path):
+            raise CandidateError(f"{self.what}: workdir has no {name}")
+        if not _inside(path, root):   # it would make the harness read files of the link's choosing
+            raise CandidateError(f"{what}: a link out of the workdir")
+        data = read_input(path, self.left, what, CandidateError)
+        self.left -= len(data)
+        return data
 
 
 def _inside(p: Path, root: Path) -> bool:
-    """False for a link out of the workdir: it would make the harness read files of its choosing."""
-    return p.resolve().is_relative_to(root.resolve())
-
+    """False for a link out of the workdir (realpath: a link loop stays inside, and fails to read)."""
+    return Path(os.path.realpath(p)).is_relative_to(os.path.realpath(root))

@@ -9,17 +9,23 @@
     hpc serve --checkpoint ROOT [--step N] | --hf DIR [--tokenizer byte|DIR] [--chat-format auto|chatml|llama3|plain]
         [--host H] [--port P] [--model-name NAME] [--api-key-env VAR] [--dtype auto|fp32|bf16]
 
-Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage
-(its record is still printed and written, the reason on stderr); 2 bad input (one `error:` line).
+Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage,
+or is no candidate (its record is still printed and written, the reason on stderr); 2 bad input
+(one `error:` line), or a record with status error (the task's or the harness's fault: eval-suite
+goes on and says so at the end; the records are printed and written all the same).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import stat
 import sys
+from collections.abc import Callable, Iterator
 
-from hpc.errors import UserError
+from hpc.errors import CandidateError, UserError, os_reason, shown
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,12 +33,31 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
+MAX_SEED = 1 << 62   # seeds derived from it (trials, timing) stay within torch's 64 bits
+
+
+def _path(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if seed >= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SEED - 1}, got {seed}")
+    return seed
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
     p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")
-    p.add_argument("--config", help="YAML evaluation config (see docs/config.md)")
-    p.add_argument("--out", help="append records to this HDF5 file")
-    p.add_argument("--seed", type=int, help="fixed seed for inputs (default: fresh random seeds, recorded)")
+    p.add_argument("--config", type=_path, help="YAML evaluation config (see docs/config.md)")
+    p.add_argument("--out", type=_path, help="append records to this HDF5 file")
+    p.add_argument("--seed", type=_seed, help="fixed seed for inputs (default: fresh random seeds, recorded)")
     p.add_argument("--iterations", type=int, help="timed iterations (default 100)")
 
 
@@ -40,13 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     one = sub.add_parser("eval", help="evaluate one candidate on one task")
-    one.add_argument("task", help="KernelBench problem file")
-    one.add_argument("candidate", help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")
+    one.add_argument("task", type=_path, help="KernelBench problem file")
+    one.add_argument("candidate", type=_path, help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")
     _common(one)
     one.add_argument("--json", action="store_true", help="print one JSON object")
     suite = sub.add_parser("eval-suite", help="evaluate a folder of candidates against a folder of tasks")
-    suite.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
-    suite.add_argument("candidates", help="folder of candidates laid out like the tasks (e.g. kernels/solutions)")
+    suite.add_argument("tasks", type=_path, help="folder of problem files (e.g. kernels/tasks)")
+    suite.add_argument("candidates", type=_path,
+                       help="folder of candidates laid out like the tasks (e.g. kernels/solutions)")
     suite.add_argument("--only", action="append", help="evaluate only task ids containing this (repeatable)")
     suite.add_argument("--jobs", type=int, default=1,
                        help="evaluations at once on the device; timed runs still take it alone (default 1)")
@@ -74,7 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args):
     from hpc.config import command_line_config
 
-    return command_line_config(args.config, args.backend, args.scale, args.iterations, args.seed)
+    if args.config is not None:
+        _not_special(args.config, f"config {shown(args.config)}")
+    try:
+        return command_line_config(args.config, args.backend, args.scale, args.iterations, args.seed)
+    except UnicodeDecodeError:
+        raise UserError(f"config {shown(args.config)}: not UTF-8 text") from None
+
+
+def _not_special(path: str, what: str) -> None:
+    """Refuse a path that exists but is no regular file (a folder, a FIFO that a reader would block
+    on, a device) or cannot be looked at (a link loop); a missing one is left to its reader."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"{what}: {os_reason(e)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what}: {'is a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,50 +142,79 @@ def _run(args) -> int:
         from hpc.policy.serve import config_from_args, serve
 
         return serve(config_from_args(args))
+    cfg = _config(args)
+    return _eval(args, cfg) if args.command == "eval" else _eval_suite(args, cfg)
+
+
+def _eval(args, cfg) -> int:
+    from hpc.candidate import load_candidate
+    from hpc.suite import evaluate_safely, one_line, storable, summary_table, unevaluated
+    from hpc.task import load_task
+
+    task = load_task(args.task)
+    try:
+        candidate, reason = load_candidate(args.candidate), ""
+    except CandidateError as e:   # there, but no candidate: its failure, recorded like any other
+        candidate, reason = None, str(e)
+    with _results(args, cfg) as append:
+        rec = storable(evaluate_safely(task, candidate, cfg) if candidate
+                       else unevaluated(task, os.path.abspath(args.candidate), cfg, reason))
+        append(rec)
+    print(json.dumps(rec.summary()) if args.json else summary_table([rec]))
+    if rec.status == "error":   # the task's or the harness's fault, not the candidate's
+        print(one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
+        return 2
+    if rec.failed_stage:
+        print(one_line(f"{rec.status}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _eval_suite(args, cfg) -> int:
     from pathlib import Path
 
-    from hpc.candidate import load_candidate
+    from hpc.suite import evaluate_suite, one_line, summary_table
+    from hpc.task import discover_suite
+
+    if args.jobs < 1:
+        raise UserError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+    tasks = discover_suite(args.tasks)
+    if args.only:
+        tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
+        if not tasks:
+            raise UserError(f"--only matched no task under {shown(args.tasks)}")
+    if not os.path.isdir(args.candidates):
+        raise UserError(f"candidates {shown(args.candidates)}: "
+                        f"{'not a folder' if os.path.lexists(args.candidates) else 'no such folder'}")
+    with _results(args, cfg) as append:
+        records = evaluate_suite(tasks, Path(args.candidates), cfg, append, args.jobs)
+    print(summary_table(records))
+    errors = [r for r in records if r.status == "error"]
+    if errors:   # everything is recorded; the exit code still says that some task was not evaluated
+        print(one_line(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
+                       f"{errors[0].task_id}: {errors[0].failed_stage}: {errors[0].reason}"), file=sys.stderr)
+        return 2
+    return 0
+
+
+@contextlib.contextmanager
+def _results(args, cfg) -> Iterator[Callable[[object], None]]:
+    """`append` for records into --out (a no-op without it), opened before any evaluation so that a
+    bad --out costs nothing; records already in the file are never touched."""
+    if not args.out:
+        yield lambda rec: None
+        return
     from hpc.config import config_to_dict
-    from hpc.task import discover_tasks, load_task
-
-    cfg = _config(args)
-    if args.command == "eval":
-        task, candidate = load_task(args.task), load_candidate(args.candidate)
-    else:
-        tasks = discover_tasks(args.tasks)
-        if args.only:
-            tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
-            if not tasks:
-                raise UserError(f"--only matched no task under {args.tasks}")
-        if args.jobs < 1:
-            raise UserError(f"--jobs: expected an integer >= 1, got {args.jobs}")
-        if not Path(args.candidates).is_dir():
-            raise UserError(f"candidates {args.candidates}: no such folder")
-
-    from hpc.pipeline import evaluate
     from hpc.results.hdf5 import ResultWriter, provenance
-    from hpc.suite import evaluate_suite, summary_table
 
-    writer = ResultWriter(args.out, provenance(config_to_dict(cfg))) if args.out else None
+    what = f"--out {shown(args.out)}"
+    _not_special(args.out, what)
     try:
-        if args.command == "eval":
-            rec = evaluate(task, candidate, cfg)
-            if writer:
-                writer.append(rec)
-            if args.json:
-                print(json.dumps(rec.summary()))
-            else:
-                print(summary_table([rec]))
-            if rec.failed_stage:
-                print(f"{rec.status}: {rec.failed_stage}: {rec.reason}", file=sys.stderr)
-                return 1
-            return 0
-        records = evaluate_suite(tasks, Path(args.candidates), cfg, writer.append if writer else None, args.jobs)
-        print(summary_table(records))
-        return 0
-    finally:
-        if writer:
-            writer.close()
+        writer = ResultWriter(args.out, provenance(config_to_dict(cfg)))
+    except OSError as e:   # its folder cannot be made, or its lock file written
+        raise UserError(f"{what}: cannot write ({e.strerror or e})") from None
+    with writer:
+        yield writer.append
 
 
 def _import_kernelbench(args) -> int:

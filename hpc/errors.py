@@ -1,13 +1,87 @@
-"""Errors that reach the user as one line, never as a traceback."""
+"""Errors that reach the user as one line, never as a traceback, and the reading of input files
+that turns every way a file can be odd into such a line."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 
 class UserError(Exception):
     """Bad input from the user (a task, candidate, config, file or argument): print and exit non-zero."""
+
+
+class CandidateError(UserError):
+    """A candidate that exists but cannot be evaluated (unreadable, too large, no candidate's shape):
+    the candidate's failure, recorded like any other, where a missing one is a usage error."""
+
+
+def shown(text: object) -> str:
+    """`text` (a path, a message, a record's field) as valid UTF-8 without NUL, fit for a terminal
+    and for HDF5 strings: the bytes of a non-UTF-8 file name (Python's surrogate escapes) become
+    \\xNN, NUL becomes \\x00."""
+    text = os.fspath(text) if isinstance(text, os.PathLike) else text
+    text = text if isinstance(text, str) else str(text)
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:   # a lone surrogate that is no escaped byte
+        raw = text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace").replace("\0", "\\x00")
+
+
+def utf8_name(name: str) -> bool:
+    """False for a file name that is not valid UTF-8: it could not be stored as text or hashed."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def read_input(path: Path, limit: int, what: str, error: type[UserError] = UserError) -> bytes:
+    """The bytes of an input file, at most `limit` of them, or `error` naming `what` and why not:
+    missing, a folder, a FIFO, socket or device (opened without blocking, never read), a symbolic
+    link loop, unreadable (root reads files of any mode), or too large (checked before reading)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise error(f"{what}: no such file") from None
+    except OSError as e:
+        raise error(f"{what}: {os_reason(e)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what}: {'is a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
+        if st.st_size > limit:
+            raise error(f"{what}: too large ({st.st_size} bytes, over {limit})")
+        chunks, left = [], limit + 1
+        while left > 0:   # the file may grow while read: never take more than `limit`
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise error(f"{what}: too large (over {limit} bytes)")
+        return data
+    except OSError as e:
+        raise error(f"{what}: {os_reason(e)}") from None
+    finally:
+        os.close(fd)
+
+
+def os_reason(e: OSError) -> str:
+    """Why a file could not be opened or read, in a few words."""
+    if e.errno == errno.ELOOP:
+        return "a symbolic link loop"
+    if e.errno == errno.EISDIR:
+        return "is a folder"
+    if e.errno == errno.ENOTDIR:
+        return "a folder on its path is a file"
+    return f"cannot read ({e.strerror or e})"
 
 
 def check_out_folder(path: str | os.PathLike, option: str = "--out") -> Path:

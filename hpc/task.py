@@ -9,16 +9,18 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.errors import UserError
+from hpc.errors import UserError, read_input, shown, utf8_name
 
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 SCALES = ("cpu", "gpu")
+MAX_BYTES = 4 << 20          # a problem file is source code: KernelBench's are a few KiB
 
 
 @dataclass(frozen=True)
@@ -37,24 +39,34 @@ class Task:
 def load_task(path: str | Path) -> Task:
     """Validate a problem file by its syntax tree and describe it; raises UserError if malformed."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"task {path}: no such file")
+    what = f"task {shown(path)}"
+    source = read_input(path, MAX_BYTES, what)
     if path.suffix != ".py":
-        raise UserError(f"task {path}: expected a .py problem file")
-    source = path.read_bytes()
+        raise UserError(f"{what}: expected a .py problem file")
+    if not utf8_name(path.name):
+        raise UserError(f"{what}: file name is not valid UTF-8 (the task id is stored as text)")
     try:
-        tree = ast.parse(source, filename=str(path))
-    except SyntaxError as e:
-        raise UserError(f"task {path}: syntax error at line {e.lineno}: {e.msg}") from None
+        tree = ast.parse(source, filename=shown(path))
+    except (SyntaxError, ValueError) as e:   # ValueError: NUL bytes, on some Python versions
+        line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise UserError(f"{what}: syntax error{line}: {getattr(e, 'msg', e)}") from None
+    except (RecursionError, MemoryError):
+        raise UserError(f"{what}: cannot be parsed (nested too deeply)") from None
     defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     missing = [name for name in REQUIRED if name not in defined]
     if missing:
-        raise UserError(f"task {path}: not a KernelBench problem file (missing {', '.join(missing)})")
+        raise UserError(f"{what}: not a KernelBench problem file (missing {', '.join(missing)})")
     declared = _declared_scales(tree, path)
+    task_id, level = task_identity(path)
+    return Task(Path(os.path.realpath(path)), task_id, level, hashlib.sha256(source).hexdigest(), declared)
+
+
+def task_identity(path: Path) -> tuple[str, int]:
+    """A problem file's task id (`level<N>/<stem>` inside a level folder, else `<stem>`) and level."""
     match = re.fullmatch(r"level(\d+)", path.parent.name)
-    level = int(match.group(1)) if match else 0
-    task_id = f"{path.parent.name}/{path.stem}" if match else path.stem
-    return Task(path.resolve(), task_id, level, hashlib.sha256(source).hexdigest(), declared)
+    if match:
+        return f"{path.parent.name}/{shown(path.stem)}", int(match.group(1))
+    return shown(path.stem), 0
 
 
 def _declared_scales(tree: ast.Module, path: Path) -> tuple[str, ...]:
@@ -64,11 +76,12 @@ def _declared_scales(tree: ast.Module, path: Path) -> tuple[str, ...]:
             if not (isinstance(value, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str)
                                                         and isinstance(v, ast.Dict)
                                                         for k, v in zip(value.keys, value.values))):
-                raise UserError(f"task {path}: SCALES must be a dict literal mapping scale name to a dict of overrides")
+                raise UserError(f"task {shown(path)}: SCALES must be a dict literal mapping scale name to a dict "
+                                "of overrides")
             names = {k.value for k in value.keys}
             unknown = names - set(SCALES)
             if unknown:
-                raise UserError(f"task {path}: SCALES has unknown scale(s) {', '.join(sorted(unknown))}")
+                raise UserError(f"task {shown(path)}: SCALES has unknown scale(s) {', '.join(sorted(unknown))}")
             return tuple(sorted(names))
     return ()
 
@@ -87,14 +100,50 @@ def load_task_module(path: str | Path, scale: str, module_name: str = "hpc_task"
     return module
 
 
-def discover_tasks(root: str | Path) -> list[Task]:
-    """Every problem file under a folder (a suite), in a stable order; one file is a suite of one."""
+@dataclass(frozen=True)
+class BadTask:
+    """A problem file of a suite that failed validation (or repeats a task id): the suite records
+    it as an error with this reason and goes on with the other tasks."""
+    path: Path
+    task_id: str
+    level: int
+    reason: str
+
+
+def discover_suite(root: str | Path) -> list[Task | BadTask]:
+    """Every problem file under a folder (a suite; one file is a suite of one), in a stable order,
+    each loaded or, when malformed, a BadTask. Candidates are matched by task id, so a task id met
+    a second time is a BadTask too. UserError only when `root` holds no problem files at all."""
     root = Path(root)
     if root.is_file():
-        return [load_task(root)]
-    if not root.is_dir():
-        raise UserError(f"tasks {root}: no such file or folder")
-    files = sorted(p for p in root.rglob("*.py") if not p.name.startswith("_"))
-    if not files:
-        raise UserError(f"tasks {root}: no problem files (*.py) found")
-    return [load_task(p) for p in files]
+        files = [root]
+    elif root.is_dir():
+        files = sorted(p for p in root.rglob("*.py") if not p.name.startswith("_"))
+        if not files:
+            raise UserError(f"tasks {shown(root)}: no problem files (*.py) found")
+    elif os.path.lexists(root):
+        raise UserError(f"tasks {shown(root)}: not a regular file or folder (a FIFO, a device, a link loop?)")
+    else:
+        raise UserError(f"tasks {shown(root)}: no such file or folder")
+    suite: list[Task | BadTask] = []
+    first: dict[str, Path] = {}
+    for path in files:
+        try:
+            item: Task | BadTask = load_task(path)
+        except UserError as e:
+            item = BadTask(path, *task_identity(path), str(e))
+        if item.task_id in first:
+            item = BadTask(path, item.task_id, item.level,
+                           f"task {shown(path)}: task id {item.task_id} is also {shown(first[item.task_id])}")
+        first.setdefault(item.task_id, path)
+        suite.append(item)
+    return suite
+
+
+def discover_tasks(root: str | Path) -> list[Task]:
+    """The tasks of a suite (`discover_suite`); UserError at the first malformed one."""
+    suite = discover_suite(root)
+    for item in suite:
+        if isinstance(item, BadTask):
+            raise UserError(item.reason)
+    return suite

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpc.errors import UserError
-from hpc.task import discover_tasks, load_task, load_task_module
+from hpc.task import BadTask, discover_suite, discover_tasks, load_task, load_task_module
 from tests.conftest import RELU_TASK, ROOT
 
 SUITE = ROOT / "kernels" / "tasks"
@@ -38,6 +38,22 @@ def test_malformed_tasks_are_user_errors(tmp_path, text, words):
     path.write_text(text)
     with pytest.raises(UserError, match=words):
         load_task(path)
+
+
+def test_a_suite_keeps_its_malformed_tasks_in_place_and_refuses_a_second_task_id(tmp_path):
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "a.py").write_text(RELU_TASK.read_text())
+    (tmp_path / "level1" / "b.py").write_text("class Model:\n  pass\ndef get_inputs(:\n")
+    (tmp_path / "x" / "level1").mkdir(parents=True)
+    (tmp_path / "x" / "level1" / "a.py").write_text(RELU_TASK.read_text())
+    suite = discover_suite(tmp_path)
+    assert [(type(t).__name__, t.task_id) for t in suite] == [
+        ("Task", "level1/a"), ("BadTask", "level1/b"), ("BadTask", "level1/a")]
+    assert "b.py: syntax error at line 3" in suite[1].reason and suite[1].level == 1
+    assert suite[2].reason.endswith(f"task id level1/a is also {tmp_path / 'level1' / 'a.py'}")
+    with pytest.raises(UserError, match="b.py: syntax error"):   # callers that need every task whole
+        discover_tasks(tmp_path)
+    assert isinstance(discover_suite(tmp_path / "level1" / "b.py")[0], BadTask)
 
 
 def test_shipped_suite_has_the_promised_size():
