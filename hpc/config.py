@@ -13,7 +13,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-from hpc.errors import UserError
+from hpc.errors import UserError, read_input
 
 
 def default_cache_dir() -> Path:
@@ -212,10 +212,11 @@ def _coerce(tp, value: Any, path: str):
 
 def read_yaml_mapping(path: str | os.PathLike) -> dict:
     """A YAML config file's top-level mapping (empty file: {}); one-line UserError otherwise."""
+    raw = read_input(Path(path), 16 << 20, f"config {path}")
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as e:
-        raise UserError(f"config {path}: cannot read ({e.strerror})") from None
+        data = yaml.safe_load(raw.decode("utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config {path}: not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise UserError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):

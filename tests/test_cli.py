@@ -72,7 +72,7 @@ def test_eval_suite_with_two_jobs_records_every_task_once_in_task_order(tmp_path
     (["eval-suite", "nowhere", "nowhere"], "no such file or folder"),
     (["eval-suite", ROOT / "kernels" / "tasks", ROOT / "kernels" / "solutions", "--jobs", "0"], "--jobs"),
     (["frobnicate"], "invalid choice"),
-    (["eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--config", "missing.yaml"], "cannot read"),
+    (["eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--config", "missing.yaml"], "missing.yaml: no such file"),
 ])
 def test_bad_arguments_print_one_line_and_exit_nonzero(args, words):
     proc = hpc(*args)

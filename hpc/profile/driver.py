@@ -59,7 +59,7 @@ class PairDriver:
         ref, prog = self.pair.reference, self.pair.program
         common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
         laid = ref.request({"op": "setup", **common, "probe_seed": probe_seed,
-                            "task": str(harness_file(task.path, ref.workdir, "task.py"))})
+                            "task": str(harness_file(task.path, ref.workdir, "task.py", task.sha256))})
         layout = InputLayout.from_message(laid["layout"])
         outputs = [TensorSpec.parse(o) for o in laid["outputs"]]
         t = cfg.timing
@@ -75,7 +75,7 @@ class PairDriver:
                                 "correctness": asdict(cfg.correctness), "flush_bytes": flush, "batch_bytes": budget,
                                 "staging_bytes": staging, "per_call": per_call})
         prog.request({"op": "setup", **common, **shared, "fds": ex.program.to_message(),
-                      "task": str(harness_file(task.path, prog.workdir, "task.py")),
+                      "task": str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
                       "slot_handle": attached.get("slot_handle", "")})
         if cfg.backend != "cuda":
             self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush)

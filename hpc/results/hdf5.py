@@ -31,7 +31,7 @@ from typing import TypeVar
 import h5py
 import numpy as np
 
-from hpc.errors import UserError
+from hpc.errors import UserError, shown
 from hpc.results.record import FIELDS, EvalRecord
 
 SCHEMA_VERSION = 3
@@ -113,7 +113,10 @@ class ResultWriter(AppendingFile):
         self.group = self.file[GROUP]
 
     def append(self, record: EvalRecord) -> None:
-        append_rows(self.file, self.group, {fd.name: [getattr(record, fd.name)] for fd in FIELDS})
+        """One record; text fields as valid UTF-8 without NUL (HDF5 refuses others, and a candidate's
+        source or a file name can hold anything)."""
+        append_rows(self.file, self.group, {fd.name: [shown(v) if isinstance(v := getattr(record, fd.name), str) else v]
+                                            for fd in FIELDS})
 
 
 def _create_layout(f: h5py.File) -> None:

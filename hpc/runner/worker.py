@@ -65,8 +65,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _task_error(what: str, e: BaseException) -> WorkerError:
-    return WorkerError(f"{what}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                       "task")
+    text = " ".join(line.strip() for line in str(e).strip().splitlines())[:500]
+    return WorkerError(f"{what}: {type(e).__name__}: {text}", "task")
 
 
 def _views(buffer: torch.Tensor, layout: InputLayout) -> list:

@@ -14,6 +14,7 @@ is work on the timed device there).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -80,15 +81,22 @@ def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None
     return WorkerPair(workroot, reference, program, exchange)
 
 
-def harness_file(source: Path, workdir: Path, name: str) -> Path:
-    """A copy of a file the harness made (a built library, the op monitor, the task) in a worker's
-    workdir, under .hpc/: what a worker may read is its workdir and the system, not the cache."""
+def harness_file(source: Path, workdir: Path, name: str, sha256: str = "") -> Path:
+    """A copy of a file the harness made or read (a built library, the op monitor, the task) in a
+    worker's workdir, under .hpc/: what a worker may read is its workdir and the system, not the
+    cache. With `sha256`, the copy must have that digest (the task the harness hashed, not a file
+    edited since): SandboxError otherwise."""
     dest = workdir / ".hpc" / name
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+    digest = hashlib.sha256()
     with open(source, "rb") as src, open(tmp, "wb") as out:
         while chunk := src.read(1 << 20):
+            digest.update(chunk)
             out.write(chunk)
+    if sha256 and digest.hexdigest() != sha256:
+        tmp.unlink(missing_ok=True)
+        raise SandboxError(f"{source} changed since it was read (its digest differs)", "task")
     os.chmod(tmp, 0o644)
     tmp.replace(dest)
     return dest

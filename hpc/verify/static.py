@@ -71,7 +71,9 @@ def source_defect(source: str, filename: str, allowed_libraries: Sequence[str] =
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as e:
-        return f"syntax error at line {e.lineno}: {e.msg}"
+        return f"syntax error at line {e.lineno}: {e.msg}" if e.lineno else f"syntax error: {e.msg}"
+    except ValueError as e:   # NUL bytes (Python 3.11)
+        return f"not Python source: {e}"
     except (RecursionError, MemoryError):
         return "the source is nested too deeply to check"
     if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
