@@ -114,6 +114,7 @@ class Mappings:
         if len(handle) != _HANDLE_BYTES:
             raise IpcError("malformed handle")
         if handle not in self._open:
+            torch.cuda.synchronize(device)   # torch's context exists and is current on this thread
             ptr = ctypes.c_uint64()
             _check(_cuda().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), _Handle.from_buffer_copy(handle),
                                                  _LAZY_ENABLE_PEER_ACCESS), "cuIpcOpenMemHandle")
