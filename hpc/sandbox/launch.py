@@ -98,6 +98,7 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     pass_fds: tuple[int, ...] = ()       # stay open in the program under the same numbers
     join: int | None = None              # pidfd of a confined program whose PID namespace to share
+    pid_namespace: bool = True           # False: the subreaper sweep alone (as where the kernel refuses one)
     landlock: bool = True
 
     def __post_init__(self):
@@ -174,7 +175,8 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
             "writable": None if policy.writable is None else [*SYSTEM_WRITABLE, *policy.writable],
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
-            "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock}
+            "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock,
+            "pid_namespace": policy.pid_namespace}
     status_r, status_w = os.pipe()
     fds = (*policy.pass_fds, status_w, *(() if policy.join is None else (policy.join,)))
     try:

@@ -121,13 +121,14 @@ def _unshare(flags: int) -> None:
 
 def _enter_namespaces(spec: dict, report: dict) -> bool:
     """New (or joined) namespaces for the program; True when it will be pid 1 of a PID namespace."""
-    root = os.geteuid() == 0
+    root = os.geteuid() == 0 and capabilities("CapEff") & (1 << 21)   # CAP_SYS_ADMIN
     user = 0 if root else _CLONE_NEWUSER
     net = 0 if spec["network"] else _CLONE_NEWNET
+    pid = _CLONE_NEWPID if spec["pid_namespace"] else 0
     if spec["join"] is not None:
         if _libc().setns(spec["join"], _CLONE_NEWPID | user) != 0:
             raise OSError(ctypes.get_errno(), "setns into the joined PID namespace failed")
-        report.update(pid_namespace="joined", user_namespace=not root)
+        report.update(pid_namespace="joined", user_namespace=bool(user))
         try:
             if net:
                 _unshare(net)
@@ -136,7 +137,7 @@ def _enter_namespaces(spec: dict, report: dict) -> bool:
             report["network_namespace"] = False
         return True
     uid, gid = os.getuid(), os.getgid()
-    for flags in (user | _CLONE_NEWPID | net, user | net, 0):
+    for flags in dict.fromkeys((user | pid | net, user | net, 0)):
         try:
             if flags:
                 _unshare(flags)
