@@ -285,13 +285,15 @@ def test_bash_is_killed_at_its_time_limit_with_everything_it_started(episode):
 
 
 @needs_isolation
-def test_bash_cannot_read_the_harness_environment(episode, monkeypatch):
-    canary = f"sk-canary-{uuid.uuid4().hex}"
-    monkeypatch.setenv("HPC_TEST_API_KEY", canary)
-    episode.step(call("bash", command=f"cat /proc/{os.getpid()}/environ /proc/{os.getppid()}/environ "
-                                      "|| echo environ-refused; cat /proc/*/environ | tr '\\0' '\\n' | grep -c HPC_TEST"))
+def test_bash_cannot_read_the_harness_environment(episode):
+    from tests.test_confinement import process_with_secret_environment
+
+    with process_with_secret_environment() as (helper, canary):
+        episode.step(call("bash", command=f"cat /proc/{os.getpid()}/environ || echo harness-refused; "
+                                          f"cat /proc/{helper}/environ || echo helper-refused; cat /proc/*/environ"))
     (event,) = last_events(episode)
-    assert "environ-refused" in event.observation and canary not in event.observation
+    assert "harness-refused" in event.observation and "helper-refused" in event.observation
+    assert canary not in event.observation
 
 
 @needs_isolation

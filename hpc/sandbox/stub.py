@@ -183,7 +183,7 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
         os.setresgid(spec["uid"], spec["uid"], spec["uid"])
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
     elif capabilities("CapBnd") or capabilities("CapEff"):
-        _dropcapabilities()
+        _drop_capabilities()
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
     poller = select.poll()
     poller.register(life_r, select.POLLIN)
@@ -204,7 +204,7 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
             "capabilities": os.geteuid() == 0 and capabilities("CapBnd") != 0}
 
 
-def _dropcapabilities() -> None:
+def _drop_capabilities() -> None:
     """Still uid 0: no capability now, none regained at exec, none raised later."""
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, "PR_CAP_AMBIENT_CLEAR_ALL")
     _prctl(_PR_SET_SECUREBITS, _SECBITS, "PR_SET_SECUREBITS")
