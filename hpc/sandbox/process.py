@@ -133,8 +133,12 @@ class SandboxedProcess:
             os.close(to_child_r)
             os.close(from_child_w)
         self.worker_pid = self.proc.worker_pid
-        self.pidfd = self.proc.pidfd
         self.isolation = self.proc.isolation
+
+    @property
+    def pidfd(self) -> int | None:
+        """A pidfd of the worker while it is open (for `join`); None once closed."""
+        return self.proc.pidfd
 
     def restart_clock(self) -> None:
         """Start the wall limit now: a process started ahead of its evaluation gets the whole limit."""
