@@ -169,16 +169,15 @@ SLOW = ("constexpr long slow() { long s = 0; for (long i = 0; i < 200000; ++i) f
         "s += i ^ j; return s; }\nstatic_assert(slow() != 1);\nextern \"C\" void f() {}\n")
 
 
-@pytest.mark.parametrize("backend", ["cpu", "cuda"])
-def test_a_compile_timeout_kills_the_whole_compiler_tree(tmp_path, backend):
-    if backend == "cuda" and shutil.which("nvcc") is None:
-        pytest.skip("nvcc not installed")
+def test_a_compile_timeout_kills_the_whole_compiler_tree(tmp_path):
+    """g++ as pid 1 of the compile's PID namespace, cc1plus its child: both end at the timeout
+    (nvcc's cudafe++/cicc/ptxas are children the same way)."""
     marker = f"slow_{uuid.uuid4().hex}"
-    work = _workdir(tmp_path, {f"{marker}{'.cpp' if backend == 'cpu' else '.cu'}": SLOW})
+    work = _workdir(tmp_path, {f"{marker}.cpp": SLOW})
     t0 = time.monotonic()
-    result = compile_workdir(work, default_toolchain(backend), tmp_path / "cache", timeout=3)
+    result = compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache", timeout=3)
     assert not result.ok and "timed out" in result.log and time.monotonic() - t0 < 30
-    assert _compiler_processes(marker) == []   # no cc1plus, cudafe++ or cicc left behind
+    assert _compiler_processes(marker) == []   # no cc1plus left behind
 
 
 def test_an_incbin_of_a_huge_file_is_refused_and_not_cached(tmp_path):
