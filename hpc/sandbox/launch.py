@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -265,15 +266,23 @@ def python_readable() -> list[str]:
     return [p for p in [*sorted(paths), *extra] if os.path.exists(p)]
 
 
-@functools.lru_cache(maxsize=1)
+_path_dir: str | None = None
+_path_dir_lock = threading.Lock()
+
+
 def python_path_dir() -> str:
     """A folder holding only a link to the hpc package: PYTHONPATH for confined programs, so the
-    repository around the package (its solutions and tests) need not be readable."""
-    folder = tempfile.mkdtemp(prefix="hpc-pythonpath-")
-    os.chmod(folder, 0o755)
-    os.symlink(PACKAGE_DIR, os.path.join(folder, "hpc"), target_is_directory=True)
-    atexit.register(shutil.rmtree, folder, True)
-    return folder
+    repository around the package (its solutions and tests) need not be readable. One per
+    harness process (threads starting workers at once must agree on it)."""
+    global _path_dir
+    with _path_dir_lock:
+        if _path_dir is None:
+            folder = tempfile.mkdtemp(prefix="hpc-pythonpath-")
+            os.chmod(folder, 0o755)
+            os.symlink(PACKAGE_DIR, os.path.join(folder, "hpc"), target_is_directory=True)
+            atexit.register(shutil.rmtree, folder, True)
+            _path_dir = folder
+        return _path_dir
 
 
 # -- the uid a root harness runs programs as -----------------------------------------------------
