@@ -83,6 +83,9 @@ class SandboxConfig:
     max_file_mb: int = 1024
     isolate_network: bool = True
     restrict_writes: bool = True          # Landlock: writes only in the workdir and a private tmp
+    restrict_reads: bool = True           # Landlock: reads only the system, Python, hpc and the workdir
+    run_as_uid: int = 65534               # a root harness runs workers and compilers as this uid (-1: stay
+    #                                       uid 0, without capabilities); only where it can read what they need
 
 
 @dataclass
@@ -96,6 +99,7 @@ class PolicyConfig:
 class CompileConfig:
     cuda_arch: str = "sm_90a"              # Hopper with its arch-specific instructions (wgmma)
     timeout_s: float = 180.0
+    max_library_mb: int = 256             # largest object, library or source set a compile may produce or read
 
 
 @dataclass
@@ -138,7 +142,8 @@ class EvalConfig:
         positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
                     "timing.calibration_calls": self.timing.calibration_calls,
-                    "timing.batch_mb_cpu": self.timing.batch_mb_cpu, "timing.batch_mb_cuda": self.timing.batch_mb_cuda}
+                    "timing.batch_mb_cpu": self.timing.batch_mb_cpu, "timing.batch_mb_cuda": self.timing.batch_mb_cuda,
+                    "compile.timeout_s": self.compile.timeout_s, "compile.max_library_mb": self.compile.max_library_mb}
         for key, value in positive.items():
             if value <= 0:
                 raise UserError(f"config {key}: must be > 0, got {value}")
@@ -149,6 +154,9 @@ class EvalConfig:
                            "correctness.timed_checks": self.correctness.timed_checks}.items():
             if value < 0:
                 raise UserError(f"config {key}: must be >= 0, got {value}")
+        if self.sandbox.run_as_uid < -1:
+            raise UserError(f"config sandbox.run_as_uid: must be a uid >= 0, or -1 (stay uid 0), "
+                            f"got {self.sandbox.run_as_uid}")
         if self.correctness.timed_checks > self.timing.iterations:
             raise UserError("config correctness.timed_checks: must not exceed timing.iterations")
 

@@ -147,7 +147,8 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
     if candidate.kind == SINGLE_FILE:
         return {"TORCH_EXTENSIONS_DIR": str(extension_dirs[0]), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
-    result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s)
+    result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s,
+                             max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
     if not result.ok:
         rec.fail("compile", _first_error(result.log))

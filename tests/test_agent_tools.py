@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -281,6 +282,39 @@ def test_bash_is_killed_at_its_time_limit_with_everything_it_started(episode):
     assert last_events(episode)[0].ok
     time.sleep(max(0.0, t0 + 8.5 - time.monotonic()))
     assert not any((work / f"late{k}.txt").exists() for k in ("", "2", "3"))   # nothing outlived its call
+
+
+@needs_isolation
+def test_bash_cannot_read_the_harness_environment(episode):
+    from tests.test_confinement import process_with_secret_environment
+
+    with process_with_secret_environment() as (helper, canary):
+        episode.step(call("bash", command=f"cat /proc/{os.getpid()}/environ || echo harness-refused; "
+                                          f"cat /proc/{helper}/environ || echo helper-refused; cat /proc/*/environ"))
+    (event,) = last_events(episode)
+    assert "harness-refused" in event.observation and "helper-refused" in event.observation
+    assert canary not in event.observation
+
+
+@needs_isolation
+def test_bash_cannot_connect_to_a_host_unix_socket(episode, tmp_path):
+    from tests.test_confinement import unix_server
+
+    with unix_server(tmp_path) as (path, accepted):
+        connect = f"import socket; socket.socket(socket.AF_UNIX).connect('{path}')"
+        episode.step(call("bash", command=f'python -c "{connect}" && echo connected || echo no-connection'))
+    (event,) = last_events(episode)
+    assert "no-connection" in event.observation and "PermissionError" in event.observation and not accepted
+
+
+@needs_isolation
+def test_a_setsid_daemon_does_not_outlive_its_bash_call(episode):
+    from tests.test_confinement import host_processes_with
+
+    marker = f"{4000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**9}"
+    episode.step(call("bash", command=f"(setsid sleep {marker} > /dev/null 2>&1 &); sleep 0.3; echo spawned"))
+    assert "spawned" in last_events(episode)[0].observation
+    assert host_processes_with(marker) == []
 
 
 @needs_isolation

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,93 @@ def test_kernel_check_programs_build_against_the_shipped_headers(tmp_path, progr
            str(ROOT / "benchmarks" / program)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and out.is_file(), proc.stderr[-2000:]
+
+
+# -- the compiler is confined (issue 20): what it reads, how long it lives, how much it writes ------
+
+def _workdir(tmp_path: Path, files: dict[str, str | bytes]) -> Path:
+    work = tmp_path / f"w-{uuid.uuid4().hex[:8]}"
+    (work / "kernels").mkdir(parents=True)
+    for name, text in files.items():
+        (work / "kernels" / name).write_bytes(text.encode() if isinstance(text, str) else text)
+    return work
+
+
+def test_an_include_of_an_outside_file_does_not_print_it(tmp_path, monkeypatch):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("int SECRET_TOKEN_42 = ;\n")   # quoted back in the error, were it read
+    canary = f"sk-canary-{uuid.uuid4().hex}"
+    monkeypatch.setenv("HPC_TEST_API_KEY", canary)
+    logs = []
+    for target in (str(secret), str(ROOT / "kernels" / "solutions" / "level1"), "/proc/self/environ"):
+        work = _workdir(tmp_path, {"k.cpp": f'#include "{target}"\nextern "C" void f() {{}}\n'})
+        logs.append(compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache").log)
+    assert "Permission denied" in logs[0] and "Permission denied" in logs[1], logs
+    assert not any("SECRET_TOKEN_42" in log or canary in log for log in logs), logs   # the compiler's own
+    #                                                          environment holds nothing of the harness
+
+
+def test_a_link_to_an_outside_file_is_not_compiled(tmp_path):
+    secret = tmp_path / "secret.h"
+    secret.write_text("int SECRET_TOKEN_43 = ;\n")
+    work = _workdir(tmp_path, {"k.cpp": '#include "s.h"\nextern "C" void f() {}\n'})
+    (work / "kernels" / "s.h").symlink_to(secret)
+    result = compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache")
+    assert not result.ok and "SECRET_TOKEN_43" not in result.log
+
+
+def _compiler_processes(marker: str) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(cmdline.split(b"\0")[0].decode(errors="replace"))
+    return found
+
+
+SLOW = ("constexpr long slow() { long s = 0; for (long i = 0; i < 200000; ++i) for (long j = 0; j < 200000; ++j) "
+        "s += i ^ j; return s; }\nstatic_assert(slow() != 1);\nextern \"C\" void f() {}\n")
+
+
+def test_a_compile_timeout_kills_the_whole_compiler_tree(tmp_path):
+    """g++ as pid 1 of the compile's PID namespace, cc1plus its child: both end at the timeout
+    (nvcc's cudafe++/cicc/ptxas are children the same way)."""
+    marker = f"slow_{uuid.uuid4().hex}"
+    work = _workdir(tmp_path, {f"{marker}.cpp": SLOW})
+    t0 = time.monotonic()
+    result = compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache", timeout=3)
+    assert not result.ok and "timed out" in result.log and time.monotonic() - t0 < 30
+    assert _compiler_processes(marker) == []   # no cc1plus left behind
+
+
+def test_an_incbin_of_a_huge_file_is_refused_and_not_cached(tmp_path):
+    blob = b"\0"   # 300 MB, sparse: costs no disk
+    work = _workdir(tmp_path, {"blob.h": blob, "k.cpp": 'asm(".section .rodata\\n.incbin \\"blob.h\\"\\n.text");\n'
+                                                        'extern "C" void f() {}\n'})
+    os.truncate(work / "kernels" / "blob.h", 300 << 20)
+    result = compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache", max_library_mb=256)
+    assert not result.ok and "compile.max_library_mb (256 MB)" in result.log
+    assert not list((tmp_path / "cache" / "native").glob("*/kernels.so"))
+
+
+def test_an_object_past_the_cap_is_killed_and_not_cached(tmp_path):
+    """No input needed to make a big object: the assembler's own .skip, capped by RLIMIT_FSIZE."""
+    work = _workdir(tmp_path, {"k.cpp": 'asm(".data\\n.skip 314572800\\n.text");\nextern "C" void f() {}\n'})
+    result = compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache", max_library_mb=256)
+    assert not result.ok and "compile.max_library_mb (256 MB)" in result.log, result.log[-500:]
+    assert not list((tmp_path / "cache" / "native").glob("*/kernels.so"))
+
+
+def test_the_max_library_mb_key_is_validated():
+    from hpc.config import load_config
+    from hpc.errors import UserError
+
+    cfg = load_config()
+    assert cfg.compile.max_library_mb == 256
+    cfg.compile.max_library_mb = 0
+    with pytest.raises(UserError, match="compile.max_library_mb"):
+        cfg.validate()

@@ -1,4 +1,5 @@
-"""The sandbox for real: Landlock write confinement, no network, crash and timeout reasons, rlimits."""
+"""The sandbox for real: Landlock write confinement, no network, crash and timeout reasons, rlimits.
+(Read confinement, namespaces, seccomp and lifetimes: tests/test_confinement.py.)"""
 
 from __future__ import annotations
 
@@ -17,20 +18,16 @@ needs_landlock = pytest.mark.skipif(landlock.abi_version() == 0, reason="kernel 
 
 
 def confined_python(tmp_path: Path, code: str) -> tuple[int, str]:
-    """Run `code` in a child confined exactly like a sandboxed worker (same preexec)."""
-    import functools
-    import subprocess
+    """Run `code` in a child confined exactly like a sandboxed candidate worker (same policy)."""
     import sys
 
-    from hpc.sandbox.process import confine, writable_paths
+    from hpc.sandbox import launch
+    from hpc.sandbox.process import worker_policy
 
-    support = isolation_support()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          preexec_fn=functools.partial(confine, SandboxConfig(), "cpu",
-                                                       writable_paths(tmp_path, "cpu", []),
-                                                       int(support["landlock_abi"]),
-                                                       bool(support["network_namespace"])))
-    return proc.returncode, proc.stdout + proc.stderr
+    policy = worker_policy(SandboxConfig(), "cpu", tmp_path, [], [])
+    rc, out = launch.run([sys.executable, "-c", code], policy, cwd=tmp_path, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": launch.python_path_dir()})
+    return rc, out
 
 
 @needs_landlock
@@ -89,7 +86,7 @@ def test_memory_limit_applies_on_cpu(tmp_path):
 
 
 def test_worker_crash_is_reported_with_its_signal(tmp_path):
-    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu") as proc:
+    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
         proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"})
         proc.kill()
         with pytest.raises(SandboxError) as err:
@@ -98,7 +95,7 @@ def test_worker_crash_is_reported_with_its_signal(tmp_path):
 
 
 def test_worker_timeout_kills_the_process_group(tmp_path):
-    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu") as proc:
+    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
         with pytest.raises(SandboxError) as err:
             # the worker waits for a message that will never complete before the short deadline
             proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"},
@@ -114,7 +111,7 @@ def test_worker_reports_task_errors_by_kind(tmp_path):
                    "SCALES = {'cpu': {'missing_global': 1}}\n")
     work = tmp_path / "w"
     work.mkdir()
-    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=60), "cpu") as proc:
+    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=60), "cpu", readable=(bad,)) as proc:
         with pytest.raises(SandboxError) as err:
             proc.request({"op": "setup", "task": str(bad), "scale": "cpu", "init_seed": 0, "device": "cpu"})
     assert err.value.kind == "task" and "missing_global" in err.value.reason
@@ -123,7 +120,7 @@ def test_worker_reports_task_errors_by_kind(tmp_path):
 def _costs(task: Path, work: Path) -> tuple[dict, dict]:
     """(meta count, device count) of one task at cpu scale, from one real reference worker."""
     work.mkdir()
-    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu") as proc:
+    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu", readable=(task,)) as proc:
         proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
         return proc.request({"op": "cost", "seed": 1, "meta": True}), proc.request({"op": "cost", "seed": 1})
 

@@ -5,6 +5,15 @@ instead of the ~40-60 s that `load_inline` spends on torch/extension.h. Each sou
 an object in parallel; objects are linked into `kernels.so`. The cache key covers the
 sources, the flags, the target arch and the compiler's own version string, so a cache hit
 can never hand back an object built differently.
+
+The compiler runs confined like a worker (hpc/sandbox/launch.py), since a source steers it
+(`#include "/abs/path"`, `.incbin`): it reads only the system (toolchain, headers), CUDA, the
+toolchain's own -I/-L folders and its build folder, a private copy of the sources, and writes
+only that folder; it has no network, a minimal environment, and runs as `sandbox.run_as_uid`
+where the harness is root. Each compiler run is pid 1 of its own PID namespace, so a timeout
+ends its whole tree (cc1plus, cicc, as). Objects and the library are capped (RLIMIT_FSIZE, then
+the library's size) at `compile.max_library_mb`, and so are the sources read; what goes past it
+fails with a reason that names the key and is not cached.
 """
 
 from __future__ import annotations
@@ -12,14 +21,24 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc.sandbox import launch
+
 SOURCE_SUFFIX = {"cpu": ".cpp", "cuda": ".cu"}
 LIBRARY_NAME = "kernels.so"
+HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
+DEFAULT_MAX_LIBRARY_MB = 256
+_SIGXFSZ_EXIT = {-25, 128 + 25}
+# the compiler's environment: what toolchains read, nothing of the harness's (its keys)
+_ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
+             "CUDA_HOME", "CUDA_PATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "LANG", "LC_ALL",
+             "SOURCE_DATE_EPOCH")
 
 
 @dataclass(frozen=True)
@@ -102,10 +121,16 @@ def _host_arch() -> str:
 
 def kernel_sources(workdir: Path, backend: str) -> list[Path]:
     """The sources a workdir contributes for a backend: kernels/*.cpp (cpu) or kernels/*.cu (cuda)."""
+    return _regular_files(workdir, (SOURCE_SUFFIX[backend],))
+
+
+def _regular_files(workdir: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """kernels/ files with these suffixes; links are not followed (the harness reads these files:
+    a link could make it read, and so compile and print, a file the compiler could not)."""
     kdir = Path(workdir) / "kernels"
-    if not kdir.is_dir():
+    if kdir.is_symlink() or not kdir.is_dir():
         return []
-    return sorted(p for p in kdir.iterdir() if p.suffix == SOURCE_SUFFIX[backend] and p.is_file())
+    return sorted(p for p in kdir.iterdir() if p.suffix in suffixes and stat.S_ISREG(p.lstat().st_mode))
 
 
 def cache_key(sources: list[Path], headers: list[Path], toolchain: Toolchain) -> str:
@@ -119,18 +144,62 @@ def cache_key(sources: list[Path], headers: list[Path], toolchain: Toolchain) ->
 
 
 def _headers(workdir: Path) -> list[Path]:
-    kdir = Path(workdir) / "kernels"
-    return sorted(p for p in kdir.iterdir() if p.suffix in (".h", ".hpp", ".cuh") and p.is_file())
+    return _regular_files(workdir, HEADER_SUFFIXES)
 
 
-def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
-        return proc.returncode, (proc.stdout + proc.stderr)
-    except subprocess.TimeoutExpired:
-        return -1, f"compiler timed out after {timeout:.0f} s: {' '.join(cmd[:3])} ..."
-    except OSError as e:
-        return -1, f"cannot run {cmd[0]}: {e}"
+@dataclass(frozen=True)
+class _Confinement:
+    """How one compile's programs run: what they read, the one folder they write, the file-size
+    cap, the uid."""
+
+    readable: tuple[str, ...]
+    build: Path | None
+    max_bytes: int
+    uid: int | None
+
+    def run(self, cmd: list[str], timeout: float) -> tuple[int, str]:
+        writable = () if self.build is None else (str(self.build),)
+        policy = launch.Policy(readable=(*self.readable, *writable), writable=writable, uid=self.uid,
+                               limits=launch.Limits(file_bytes=self.max_bytes))
+        env = {k: os.environ[k] for k in _ENV_KEYS if k in os.environ}
+        home = str(self.build or "/")
+        env.update(TMPDIR=home, HOME=home)
+        try:
+            rc, out = launch.run(cmd, policy, cwd=home, env=env, timeout=timeout)
+        except (launch.LaunchError, OSError) as e:
+            return -1, f"cannot run {cmd[0]}: {e}"
+        if rc is None:
+            return -1, f"compiler timed out after {timeout:.0f} s: {' '.join(cmd[:3])} ..."
+        if rc in _SIGXFSZ_EXIT or "File size limit exceeded" in out or "File too large" in out:
+            return -1, f"error: {_too_large(self.max_bytes)}\n{out[-2000:]}"
+        return rc, out
+
+
+def _too_large(max_bytes: int) -> str:
+    return f"kernels exceed compile.max_library_mb ({max_bytes >> 20} MB): an object, the library or the sources"
+
+
+def toolchain_readable(toolchain: Toolchain) -> list[str]:
+    """What the compiler reads beyond the system: its own folder, CUDA, the -I/-L/-isystem folders
+    of the toolchain's flags and the include and library paths of the environment."""
+    paths = []
+    compiler = shutil.which(toolchain.compiler)
+    if compiler:
+        paths.append(str(Path(os.path.realpath(compiler)).parent.parent))
+    for key in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(key):
+            paths.append(os.environ[key])
+    for key in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "LD_LIBRARY_PATH"):
+        paths += [p for p in os.environ.get(key, "").split(os.pathsep) if p]
+    flags = [*toolchain.flags, *toolchain.link_flags]
+    for i, flag in enumerate(flags):
+        if flag in ("-I", "-L", "-isystem") and i + 1 < len(flags):
+            paths.append(flags[i + 1])
+        elif flag.startswith(("-I", "-L")) and len(flag) > 2:
+            paths.append(flag[2:])
+        elif flag.startswith("-isystem") and len(flag) > 8:
+            paths.append(flag[8:])
+    return [p for p in dict.fromkeys(paths) if os.path.isabs(p) and os.path.exists(p)]
 
 
 _LINKER_WEAK = frozenset({"__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable",
@@ -138,14 +207,18 @@ _LINKER_WEAK = frozenset({"__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM
 _TORCH_MANGLED = ("_ZN2at", "_ZN3c10", "_ZN5torch", "_ZNK2at", "_ZNK3c10", "_ZNK5torch")
 
 
-def symbol_defect(library: Path, timeout: float = 60.0) -> str:
+def symbol_defect(library: Path, timeout: float = 60.0, confinement: _Confinement | None = None) -> str:
     """What the linked library reaches outside its own code and the linked libraries, or "".
 
     Linking with --no-undefined leaves two ways to resolve a symbol from the host process at load
     time: the interpreter's own exports and weak references. Either would let kernels run Python
     (patch timers, call torch) or a library the policy did not link, so both are refused here.
+    nm runs confined too (it parses a file the candidate made).
     """
-    rc, out = _run(["nm", "-D", "--undefined-only", str(library)], timeout)
+    if confinement is None:
+        readable = (str(library),)
+        confinement = _Confinement(readable, None, DEFAULT_MAX_LIBRARY_MB << 20, launch.run_as(65534, readable))
+    rc, out = confinement.run(["nm", "-D", "--undefined-only", str(library)], timeout)
     if rc != 0:
         return f"cannot list the library's symbols with nm: {out.strip()[:200]}"
     for line in out.splitlines():
@@ -162,59 +235,87 @@ def symbol_defect(library: Path, timeout: float = 60.0) -> str:
     return ""
 
 
-def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path,
-                    timeout: float = 120.0, jobs: int | None = None, trusted: bool = False) -> CompileResult:
+def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path, timeout: float = 120.0,
+                    jobs: int | None = None, trusted: bool = False, max_library_mb: int = DEFAULT_MAX_LIBRARY_MB,
+                    run_as_uid: int = 65534) -> CompileResult:
     """Compile kernels/*.{cpp,cu} of `workdir` into a cached shared library.
 
-    Compilation happens in a private temp dir copy of the sources, so a compiler run never
-    writes into the candidate's workdir, and the finished library appears atomically. Only the
-    harness's own sources are `trusted`: they may call into torch (the symbol check is skipped).
+    Compilation happens in a private temp folder holding a copy of the sources (so a compiler run
+    never writes into the candidate's workdir, and reads no file of it but that copy), and the
+    finished library appears atomically. Only the harness's own sources are `trusted`: they may
+    call into torch (the symbol check is skipped). `run_as_uid`: the uid a root harness compiles as.
     """
     import time
 
     t0 = time.monotonic()
     workdir = Path(workdir)
     sources = kernel_sources(workdir, toolchain.backend)
+    names = [s.name for s in sources]
     if not sources:
         return CompileResult(False, None, False, 0.0,
                              f"no kernels/*{SOURCE_SUFFIX[toolchain.backend]} sources in the workdir")
     headers = _headers(workdir)
+    max_bytes = max_library_mb << 20
+    if sum(p.lstat().st_size for p in sources + headers) > max_bytes:
+        return CompileResult(False, None, False, time.monotonic() - t0, f"error: {_too_large(max_bytes)}", "", names)
     key = cache_key(sources, headers, toolchain)
     out_dir = Path(cache_dir) / "native" / key
     library = out_dir / LIBRARY_NAME
     if library.is_file():
-        return CompileResult(True, library, True, time.monotonic() - t0, "", key, [s.name for s in sources])
+        return CompileResult(True, library, True, time.monotonic() - t0, "", key, names)
+
+    def failed(log: str) -> CompileResult:
+        return CompileResult(False, None, False, time.monotonic() - t0, log, key, names)
 
     Path(cache_dir, "native").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=Path(cache_dir) / "native", prefix=".build-") as tmp:
+    # in the system's temp folder, which every uid can reach (the cache may sit in root's home)
+    with tempfile.TemporaryDirectory(prefix="hpc-build-") as tmp:
         build = Path(tmp)
         for p in sources + headers:
-            shutil.copyfile(p, build / p.name)
+            _copy_regular(p, build / p.name)
+        readable = tuple(toolchain_readable(toolchain))
+        uid = launch.run_as(run_as_uid, readable, [str(build)])
+        launch.give(uid, [build])
+        confined = _Confinement(readable, build, max_bytes, uid)
         objects = [build / (s.name + ".o") for s in sources]
         cmds = [[toolchain.compiler, *toolchain.flags, "-c", str(build / s.name), "-o", str(o)]
                 for s, o in zip(sources, objects)]
         with ThreadPoolExecutor(max_workers=jobs or min(len(cmds), os.cpu_count() or 1)) as pool:
-            results = list(pool.map(lambda c: _run(c, timeout), cmds))
+            results = list(pool.map(lambda c: confined.run(c, timeout), cmds))
         logs = "\n".join(log for _, log in results if log.strip())
         if any(rc != 0 for rc, _ in results):
-            return CompileResult(False, None, False, time.monotonic() - t0, logs, key, [s.name for s in sources])
+            return failed(logs)
         linked = build / LIBRARY_NAME
-        rc, log = _run([toolchain.compiler, "-shared", *[str(o) for o in objects], "-o", str(linked),
-                        *toolchain.link_flags], timeout)
+        rc, log = confined.run([toolchain.compiler, "-shared", *[str(o) for o in objects], "-o", str(linked),
+                                *toolchain.link_flags], timeout)
         logs = (logs + "\n" + log).strip()
         if rc != 0:
-            return CompileResult(False, None, False, time.monotonic() - t0, logs, key, [s.name for s in sources])
-        defect = "" if trusted else symbol_defect(linked, timeout)
+            return failed(logs)
+        if linked.is_symlink() or not linked.is_file() or linked.stat().st_size > max_bytes:
+            return failed(f"error: {_too_large(max_bytes)}")
+        defect = "" if trusted else symbol_defect(linked, timeout, confined)
         if defect:
-            return CompileResult(False, None, False, time.monotonic() - t0, f"error: {defect}", key,
-                                 [s.name for s in sources])
+            return failed(f"error: {defect}")
         # its own folder: another thread or process may be finishing the same key
         staged = Path(tempfile.mkdtemp(dir=Path(cache_dir) / "native", prefix=f".{key}."))
         staged.chmod(0o755)   # as a plain mkdir would have made it
-        shutil.move(str(linked), staged / LIBRARY_NAME)
+        _copy_regular(linked, staged / LIBRARY_NAME)
         (staged / "compile.log").write_text(logs)
         try:
             staged.rename(out_dir)
         except OSError:
             shutil.rmtree(staged, ignore_errors=True)  # another process finished the same key first
-    return CompileResult(True, library, False, time.monotonic() - t0, logs, key, [s.name for s in sources])
+    return CompileResult(True, library, False, time.monotonic() - t0, logs, key, names)
+
+
+def _copy_regular(src: Path, dst: Path) -> None:
+    """Copy a regular file without following a link (its contents are what the compiler sees)."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{src.name}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f, open(dst, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+            os.fchmod(out.fileno(), 0o755 if dst.name == LIBRARY_NAME else 0o644)
+    finally:
+        os.close(fd)

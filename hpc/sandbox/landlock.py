@@ -1,15 +1,17 @@
-"""Linux Landlock through raw syscalls: confine a process's writes (and, as a second layer, its
-reads) to a few folders.
+"""Linux Landlock through raw syscalls: confine a process's reads and writes to a few paths.
 
-Unprivileged and inherited by every descendant; used in the forked child right before exec.
-Also scopes signals and abstract UNIX sockets (ABI >= 6) so the confined process cannot signal
-or connect to the harness, and denies TCP bind/connect (ABI >= 4).
+Unprivileged and inherited by every descendant; applied by the launcher (hpc.sandbox.launch) in
+the confined child right before exec. One ruleset covers both: `readable` paths may be read,
+listed and executed, `writable` ones also written. It also scopes signals and abstract UNIX
+sockets (ABI >= 6), so the process can signal or connect to nothing outside its own domain
+(Landlock also denies it ptrace of any process outside), and denies TCP bind/connect (ABI >= 4).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import stat
 
 _SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # x86_64 and aarch64 share these numbers
 _CREATE_RULESET_VERSION = 1
@@ -17,8 +19,10 @@ _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
 
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-_WRITE_ACCESS_V1 = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))  # write file, remove, make *
+_WRITE_V1 = _WRITE_FILE | sum(1 << b for b in range(4, 13))   # remove dir/file, make char/dir/reg/sock/fifo/block/sym
 _REFER, _TRUNCATE = 1 << 13, 1 << 14
+_READ = _READ_FILE | _READ_DIR | _EXECUTE
+_FILE_RIGHTS = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE   # the rights a rule on a non-directory may hold
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
@@ -46,43 +50,60 @@ def abi_version() -> int:
     return max(int(v), 0)
 
 
-def restrict_writes(writable: list[str], abi: int) -> None:
-    """Allow writes only beneath `writable`; raise OSError if the kernel refuses."""
-    handled = _WRITE_ACCESS_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
-    attr = _RulesetAttr(handled, (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0,
-                        (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0)
-    size = 8 if abi < 4 else (16 if abi < 6 else 24)
-    # a file (e.g. /dev/null) takes only file rights; directories take them all
-    rules = [(path, handled if os.path.isdir(path) else handled & (_WRITE_FILE | _TRUNCATE)) for path in writable]
-    _restrict(attr, size, rules, no_new_privs=True)
+class Ruleset:
+    """Rules whose paths are opened now (O_PATH) and enforced later by `enforce`, so a rule can
+    name a folder the process can no longer reach once it has dropped its uid.
 
+    `readable` None: reads are not confined; `writable` None: writes are not confined. Paths
+    that do not exist are skipped."""
 
-def restrict_reads(readable: list[str]) -> None:
-    """A further layer over `restrict_writes` (which must come first: it sets no_new_privs):
-    files and folders outside `readable` can be neither read nor listed."""
-    handled = _READ_FILE | _READ_DIR
-    rules = [(path, handled if os.path.isdir(path) else _READ_FILE) for path in readable]
-    _restrict(_RulesetAttr(handled, 0, 0), 8, rules, no_new_privs=False)
+    def __init__(self, readable: list[str] | None, writable: list[str] | None, abi: int):
+        self.abi = abi
+        write = _WRITE_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
+        self.handled = (_READ if readable is not None else 0) | (write if writable is not None else 0)
+        self._rules: list[tuple[int, int, str]] = []
+        try:
+            for paths, rights in ((readable or [], _READ), (writable or [], _READ | write)):
+                for path in paths:
+                    try:
+                        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                    except FileNotFoundError:
+                        continue
+                    allowed = rights & self.handled
+                    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                        allowed &= _FILE_RIGHTS
+                    self._rules.append((fd, allowed, path))
+        except BaseException:
+            self.close()
+            raise
 
+    def close(self) -> None:
+        for fd, _, _ in self._rules:
+            os.close(fd)
+        self._rules = []
 
-def _restrict(attr: _RulesetAttr, size: int, rules: list[tuple[str, int]], no_new_privs: bool) -> None:
-    libc = _libc()
-    fd = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-    try:
-        for path, allowed in rules:
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneathAttr(allowed, pfd)
-                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
+    def enforce(self) -> None:
+        """Restrict this thread (and everything it execs) to the rules; OSError if the kernel refuses."""
+        abi = self.abi
+        attr = _RulesetAttr(self.handled, (_NET_BIND_TCP | _NET_CONNECT_TCP) if abi >= 4 else 0,
+                            (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if abi >= 6 else 0)
+        size = 8 if abi < 4 else (16 if abi < 6 else 24)
+        libc = _libc()
+        ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+        if ruleset < 0:
+            raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+        try:
+            for fd, allowed, path in self._rules:
+                if not allowed:
+                    continue
+                rule = _PathBeneathAttr(allowed, fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
                                 ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
-            finally:
-                os.close(pfd)
-        if no_new_privs and libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if libc.syscall(_SYS_RESTRICT, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-    finally:
-        os.close(fd)
+            if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+            if libc.syscall(_SYS_RESTRICT, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+        finally:
+            os.close(ruleset)
+            self.close()

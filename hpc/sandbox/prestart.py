@@ -63,13 +63,15 @@ def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None
     """A new reference + program pair in a new workroot (the program may write `writable` too;
     `trusted`: the program runs the harness's own baselines, not a candidate)."""
     workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
+    os.chmod(workroot, 0o711)   # the workers' own folders are reachable under a dropped uid, not listable
     exchange = Exchange.create(backend)
     reference = program = None
     try:
         reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend, trusted=True,
                                      pass_fds=Exchange.passed(exchange.reference))
         program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, writable=writable,
-                                   pass_fds=Exchange.passed(exchange.program), trusted=trusted)
+                                   pass_fds=Exchange.passed(exchange.program), trusted=trusted,
+                                   join=reference if backend == "cuda" else None)   # CUDA IPC checks pids
     except BaseException:
         for proc in (reference, program):
             if proc is not None:

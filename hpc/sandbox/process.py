@@ -1,21 +1,24 @@
 """A sandboxed worker process: `python -m hpc.runner ROLE`, spoken to over two pipes.
 
-Isolation, where the OS allows each: its own process group (killed whole on timeout or
-close), rlimits (address space on cpu, CPU seconds, open files, processes, file size, no core
-dumps), its own empty network namespace, and Landlock so it writes only in its workdir (plus
-/dev/null, its own /proc/self/task and, on cuda, the NVIDIA device nodes) and cannot signal
-the harness. It is always a
-fresh interpreter: nothing of the harness or of another candidate lives in its memory.
+Started by the one launcher (hpc/sandbox/launch.py), so it is pid 1 of its own PID namespace with
+a fresh /proc (it sees no other process; when it ends, everything it started ends), in an empty
+network namespace, with rlimits (address space on cpu, CPU seconds, open files, processes, file
+size, no core dumps), as uid `sandbox.run_as_uid` where a root harness can drop to it (else uid 0
+without capabilities), under seccomp (`trusted` workers, the harness's reference and baselines,
+may open AF_UNIX sockets; candidate workers may not) and Landlock: it reads only the system, the
+Python installation, the hpc package, its workdir and the `readable` paths given at start, and
+writes only its workdir, the `writable` paths, /dev/null and, on cuda, the NVIDIA device nodes;
+it can neither signal nor connect to anything outside. It is always a fresh interpreter:
+nothing of the harness or of another candidate lives in its memory.
 """
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import glob
+import logging
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -24,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.config import SandboxConfig
-from hpc.sandbox import landlock
+from hpc.sandbox import launch
 from hpc.sandbox.protocol import ChannelClosed, ChannelTimeout, encode_json, read_reply, write_message
 
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 STDERR_NAME = "stderr.log"
+log = logging.getLogger(__name__)
 
 
 class SandboxError(Exception):
@@ -43,56 +45,33 @@ class SandboxError(Exception):
 
 @functools.lru_cache(maxsize=None)
 def isolation_support() -> dict[str, object]:
-    """What this machine lets us use: probed once per harness process, recorded with results."""
-    net = False
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os._exit(0 if _enter_network_namespace() else 1)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    net = os.waitstatus_to_exitcode(status) == 0
-    return {"landlock_abi": landlock.abi_version(), "network_namespace": net}
+    """What this machine lets us use: probed once per harness process, recorded with results.
+    `run_as_uid`: the uid workers run as under the default config (None: they stay uid 0)."""
+    return {**launch.probe(), "run_as_uid": launch.run_as(SandboxConfig().run_as_uid, launch.python_readable())}
 
 
-def _enter_network_namespace() -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if os.geteuid() == 0:
-        return libc.unshare(_CLONE_NEWNET) == 0
-    uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-        return False
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    return True
-
-
-def writable_paths(workdir: Path, backend: str, extra: list[Path]) -> list[str]:
-    # /proc/self/task: drivers name their threads (the CUDA driver's init fails without it); in the
-    # forked child it resolves to the worker's own process, nothing else of /proc.
-    paths = [str(workdir), "/dev/null", "/proc/self/task", *map(str, extra)]
-    if backend == "cuda":
-        paths += glob.glob("/dev/nvidia*")
-    return paths
-
-
-def confine(cfg: SandboxConfig, backend: str, writable: list[str], abi: int, net: bool) -> None:
-    """Runs in the forked child before exec: everything here is inherited by the worker."""
-    limits = [(resource.RLIMIT_CPU, cfg.cpu_seconds), (resource.RLIMIT_NOFILE, cfg.max_open_files),
-              (resource.RLIMIT_FSIZE, cfg.max_file_mb << 20), (resource.RLIMIT_CORE, 0),
-              (resource.RLIMIT_NPROC, cfg.max_processes)]
-    if backend == "cpu":
-        limits.append((resource.RLIMIT_AS, int(cfg.memory_gb * (1 << 30))))
-    for which, value in limits:
-        soft, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value if hard == resource.RLIM_INFINITY else hard))
-    if net:
-        _enter_network_namespace()
-    if abi:
-        landlock.restrict_writes([p for p in writable if os.path.exists(p)], abi)
+def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: list[str], writable: list[str],
+                  trusted: bool = False, pass_fds: tuple[int, ...] = (), join: SandboxedProcess | None = None
+                  ) -> launch.Policy:
+    """How a worker (or a test standing for one) is confined; hands `workdir` and `writable` to
+    the uid it will run as."""
+    readable = [*launch.python_readable(), str(workdir), *readable]
+    writable = [str(workdir), *writable]
+    uid = launch.run_as(cfg.run_as_uid, readable, writable)
+    if join is not None and join.isolation.get("uid") == 0:
+        uid = None   # one evaluation's workers share a uid (CUDA IPC between them)
+    if join is not None and uid is not None and join.isolation.get("uid") != uid:
+        log.warning("sandbox: a worker joins one of uid %s as uid %s", join.isolation.get("uid"), uid)
+    launch.give(uid, writable)
+    devices = glob.glob("/dev/nvidia*") if backend == "cuda" else []
+    limits = launch.Limits(cpu_seconds=cfg.cpu_seconds, open_files=cfg.max_open_files,
+                           file_bytes=cfg.max_file_mb << 20, processes=cfg.max_processes,
+                           memory_bytes=int(cfg.memory_gb * (1 << 30)) if backend == "cpu" else None)
+    return launch.Policy(
+        readable=tuple(readable) if cfg.restrict_reads else None,
+        writable=tuple(writable + devices) if cfg.restrict_writes else None,
+        network=not cfg.isolate_network, seccomp="trusted" if trusted else "strict", uid=uid, limits=limits,
+        pass_fds=pass_fds, join=None if join is None else join.pidfd)
 
 
 @dataclass
@@ -102,18 +81,22 @@ class ExitInfo:
 
 
 class SandboxedProcess:
-    """One worker process in the sandbox. Use as a context manager; `request` sends and awaits a reply."""
+    """One worker process in the sandbox. Use as a context manager; `request` sends and awaits a reply.
+
+    `pass_fds` stay open in the worker under the same numbers; `readable` are more paths it may
+    read; `trusted` is for the harness's own programs (a lighter seccomp profile); `join` starts
+    it in the PID namespace (and as the uid) of another worker, which CUDA IPC between the two
+    needs. `worker_pid` is the worker's host pid."""
 
     def __init__(self, role: str, workdir: Path, cfg: SandboxConfig, backend: str,
                  env: dict[str, str] | None = None, writable: list[Path] | None = None,
-                 pass_fds: tuple[int, ...] = (), readable: tuple[str, ...] = (), trusted: bool = False):
+                 pass_fds: tuple[int, ...] = (), readable: tuple[str | Path, ...] = (), trusted: bool = False,
+                 join: SandboxedProcess | None = None):
         self.role, self.workdir, self.cfg = role, Path(workdir), cfg
         self.deadline = time.monotonic() + cfg.timeout_s
         self._exit_info: ExitInfo | None = None
+        self._final_tail = ""
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        support = isolation_support()
-        abi = int(support["landlock_abi"]) if cfg.restrict_writes else 0
-        net = bool(support["network_namespace"]) and cfg.isolate_network
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
         try:   # replies carry whole output tensors: fewer, larger pipe transfers
@@ -123,32 +106,39 @@ class SandboxedProcess:
         child_env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.workdir),
             "TMPDIR": str(self.workdir / "tmp"), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": _PACKAGE_ROOT, "HPC_BACKEND": backend, "CUDA_CACHE_PATH": str(self.workdir / ".nv"),
-            "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor"),
+            "PYTHONPATH": launch.python_path_dir(), "HPC_BACKEND": backend,
+            "CUDA_CACHE_PATH": str(self.workdir / ".nv"), "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor"),
         }
         for key in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "LANG", "LC_ALL", "CXX", "NVCC",
                     "CUDA_HOME"):
             if key in os.environ:
                 child_env[key] = os.environ[key]
         child_env.update(env or {})
-        self._stderr = open(self.workdir / STDERR_NAME, "wb")
+        # the harness reads the worker's stderr through this descriptor only: the worker may
+        # replace the file's name (with a link to a secret, say), never what this one points at
+        self._stderr = open(self.workdir / STDERR_NAME, "w+b")
+        fds = (to_child_r, from_child_w, *pass_fds)
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hpc.runner", role, str(to_child_r), str(from_child_w)],
-                cwd=self.workdir, env=child_env, stdin=subprocess.DEVNULL, stdout=self._stderr,
-                stderr=self._stderr, pass_fds=(to_child_r, from_child_w, *pass_fds), start_new_session=True,
-                preexec_fn=functools.partial(confine, cfg, backend,
-                                             writable_paths(self.workdir, backend, writable or []), abi, net),
-            )
+            policy = worker_policy(cfg, backend, self.workdir, [str(p) for p in readable],
+                                   [str(p) for p in writable or []], trusted, fds, join)
+            self.proc = launch.spawn([sys.executable, "-m", "hpc.runner", role, str(to_child_r), str(from_child_w)],
+                                     policy, cwd=self.workdir, env=child_env, stdout=self._stderr,
+                                     stderr=self._stderr)
+        except (launch.LaunchError, OSError) as e:
+            self._stderr.close()
+            for fd in (self._to_child, self._from_child):
+                os.close(fd)
+            raise SandboxError(f"cannot start the {role} process: {e}") from None
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
-        self.isolation = {"landlock_abi": abi, "network_namespace": net}
+        self.worker_pid = self.proc.worker_pid
+        self.isolation = self.proc.isolation
 
     @property
-    def worker_pid(self) -> int:
-        """The worker process's pid in the harness's pid namespace."""
-        return self.proc.pid
+    def pidfd(self) -> int | None:
+        """A pidfd of the worker while it is open (for `join`); None once closed."""
+        return self.proc.pidfd
 
     def restart_clock(self) -> None:
         """Start the wall limit now: a process started ahead of its evaluation gets the whole limit."""
@@ -191,13 +181,11 @@ class SandboxedProcess:
         return SandboxError(info.reason, "crash")
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        """End the worker and everything it started, without waiting."""
+        self.proc.kill()
 
     def close(self) -> ExitInfo:
-        """Ask the worker to exit, then kill its whole group; describe how it ended (idempotent)."""
+        """Ask the worker to exit, then kill everything it started; describe how it ended (idempotent)."""
         if self._exit_info is not None:
             return self._exit_info
         if self.proc.poll() is None:
@@ -209,23 +197,24 @@ class SandboxedProcess:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        self.kill()
-        rc = self.proc.wait()
+        rc = self.proc.reap()
         for fd in (self._to_child, self._from_child):
             try:
                 os.close(fd)
             except OSError:
                 pass
+        self._final_tail = self.stderr_tail(1 << 16)
         self._stderr.close()
-        self._exit_info = ExitInfo(rc, _describe_exit(rc, self.stderr_tail()))
+        self._exit_info = ExitInfo(rc, _describe_exit(rc, self._final_tail))
         return self._exit_info
 
     def stderr_tail(self, limit: int = 1500) -> str:
+        if self._stderr.closed:
+            return self._final_tail[-limit:].strip()
         try:
-            with open(self.workdir / STDERR_NAME, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - limit))
-                return f.read().decode("utf-8", "replace").strip()
+            size = os.fstat(self._stderr.fileno()).st_size
+            start = max(0, size - limit)
+            return os.pread(self._stderr.fileno(), size - start, start).decode("utf-8", "replace").strip()
         except OSError:
             return ""
 

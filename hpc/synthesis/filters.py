@@ -33,7 +33,7 @@ import torch
 from hpc.baseline import measure_program
 from hpc.errors import UserError
 from hpc.profile.device_lock import DeviceLock
-from hpc.sandbox.prestart import WorkerPair, worker_pair
+from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.similarity import (BenchmarkIndex, ast_hash, canonical_op, import_aliases, model_tokens,
@@ -229,7 +229,8 @@ class FilterChain:
             try:
                 with self.lock.shared():
                     if k == 0:
-                        ref.request({"op": "setup", "task": str(task.path), "scale": cfg.scale,
+                        ref.request({"op": "setup", "task": str(harness_file(task.path, ref.workdir, "task.py")),
+                                     "scale": cfg.scale,
                                      "init_seed": seed, "probe_seed": seed + 1, "device": cfg.backend})
                     outputs = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
             except SandboxError as e:
@@ -303,7 +304,8 @@ class FilterChain:
                                  writable=[self.inductor_cache]) as proc:
             try:
                 with self.lock.shared():
-                    proc.request({"op": "setup", "task": str(task.path), "scale": cfg.scale, "init_seed": seed,
+                    proc.request({"op": "setup", "task": str(harness_file(task.path, proc.workdir, "task.py")),
+                                  "scale": cfg.scale, "init_seed": seed,
                                   "probe_seed": seed + 1, "device": cfg.backend, "compile": "default"})
                     got = proc.request({"op": "outputs", "trials": [{"seed": seed + 1,
                                                                      "distribution": "default"}]})["outputs"][0]

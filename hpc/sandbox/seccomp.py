@@ -1,0 +1,125 @@
+"""A small seccomp filter, its BPF written by hand: the syscalls a confined process may not make.
+
+Hand-written rather than a library: the filter is a deny list of about thirty syscalls, one
+argument check (socket's domain) and one flag check (clone's namespace flags), under a hundred
+BPF instructions. libseccomp's own Python binding has no PyPI wheels; pyseccomp (ctypes over the
+system's libseccomp) is unmaintained since 2021, and the rest are forks or alphas. None would
+make this smaller or clearer, and each would add a C library to the sandbox's trusted base.
+
+What is denied, and why (everything else is allowed; Landlock, the namespaces, the uid and the
+rlimits do the rest):
+- socket(AF_UNIX, ...) -> EACCES (strict profile only): a pathname UNIX socket of the host
+  (a database, a container runtime, an agent) is reachable through the filesystem, and neither
+  Landlock nor a network namespace mediates connect() to it. socketpair() stays allowed.
+- io_uring_setup/enter/register: io_uring's operations (connect, openat, ...) are not seen by
+  seccomp, so they would bypass this filter.
+- ptrace, process_vm_readv/writev: reading or writing another process (Landlock scopes ptrace
+  too; this is the second layer).
+- bpf, perf_event_open, userfaultfd: large kernel attack surface no kernel needs from here
+  (perf also measures other processes; userfaultfd is the usual exploit primitive).
+- keyctl, add_key, request_key: kernel keyrings can hold the harness's credentials.
+- mount, umount2, pivot_root and the new mount API: changing what paths mean.
+- unshare, setns, clone with a CLONE_NEW* flag: new namespaces (a user namespace gives back
+  capabilities inside it). clone3 answers ENOSYS: its flags are in memory seccomp cannot read,
+  and libc then falls back to clone, whose flags are checked.
+- kexec_*, init_module, finit_module, delete_module: loading kernel code.
+A syscall of another architecture (an i386 `int 0x80` on x86_64, or x32) answers ENOSYS, since
+its numbers differ from the ones checked here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+PROFILES = ("strict", "trusted")
+
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_X32_BIT = 0x40000000
+_AF_UNIX = 1
+_CLONE_NEW = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+              | 0x00000080)   # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
+
+# name: (x86_64, aarch64)
+_SYSCALLS = {
+    "socket": (41, 198), "clone": (56, 220), "clone3": (435, 435),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "open_tree": (428, 428),
+    "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432),
+    "fspick": (433, 433), "mount_setattr": (442, 442),
+    "unshare": (272, 97), "setns": (308, 268),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
+    "finit_module": (313, 273), "delete_module": (176, 106),
+}
+_DENIED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "process_vm_readv",
+           "process_vm_writev", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
+           "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
+           "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+           "delete_module")
+
+# classic BPF
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16   # struct seccomp_data; arg0's low word (little-endian)
+_PR_SET_NO_NEW_PRIVS, _SYS_SECCOMP, _SET_MODE_FILTER = 38, {"x86_64": 317, "aarch64": 277}, 1
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def arch() -> str | None:
+    """The machine's name in the tables above, or None where this filter has no numbers."""
+    machine = os.uname().machine
+    return machine if machine in _AUDIT_ARCH else None
+
+
+def program(profile: str, machine: str) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jt, jf, k) instructions."""
+    if profile not in PROFILES:
+        raise ValueError(f"seccomp profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    col = 0 if machine == "x86_64" else 1
+    nr = {name: numbers[col] for name, numbers in _SYSCALLS.items()}
+
+    def ret_errno(code: int) -> tuple[int, int, int, int]:
+        return (_RET, 0, 0, _RET_ERRNO | code)
+
+    prog = [(_LD_W_ABS, 0, 0, _OFF_ARCH), (_JEQ, 1, 0, _AUDIT_ARCH[machine]), ret_errno(errno.ENOSYS),
+            (_LD_W_ABS, 0, 0, _OFF_NR)]
+    if machine == "x86_64":
+        prog += [(_JGE, 0, 1, _X32_BIT), ret_errno(errno.ENOSYS)]
+    for name in _DENIED:
+        prog += [(_JEQ, 0, 1, nr[name]), ret_errno(errno.EPERM)]
+    prog += [(_JEQ, 0, 1, nr["clone3"]), ret_errno(errno.ENOSYS)]
+    prog += [(_JEQ, 0, 4, nr["clone"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JSET, 0, 1, _CLONE_NEW),
+             ret_errno(errno.EPERM), (_RET, 0, 0, _RET_ALLOW)]
+    if profile == "strict":
+        prog += [(_JEQ, 0, 4, nr["socket"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ, 0, 1, _AF_UNIX),
+                 ret_errno(errno.EACCES), (_RET, 0, 0, _RET_ALLOW)]
+    prog.append((_RET, 0, 0, _RET_ALLOW))
+    return prog
+
+
+def install(profile: str) -> None:
+    """Filter this thread and everything it execs from now on; OSError if the kernel refuses.
+    Sets no_new_privs (which the filter needs without CAP_SYS_ADMIN)."""
+    machine = arch()
+    if machine is None:
+        raise OSError(errno.ENOSYS, f"no seccomp syscall table for {os.uname().machine}")
+    instructions = program(profile, machine)
+    filters = (_SockFilter * len(instructions))(*[_SockFilter(*ins) for ins in instructions])
+    prog = _SockFprog(len(instructions), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.syscall(_SYS_SECCOMP[machine], _SET_MODE_FILTER, 0, ctypes.byref(prog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
+

@@ -1,0 +1,400 @@
+"""Attacks from inside the sandbox, for real (issue 20, items 5-7): what a worker's code may read,
+which processes and sockets it can reach, and what outlives it.
+
+Worker-level tests run their attack as the module code of a task file loaded by a real reference
+worker (`SandboxedProcess`, candidate seccomp profile); its exception carries the outcome back.
+Pipeline-level tests run `hpc.pipeline.evaluate` on a workdir candidate whose kernels/*.cpp host
+code attacks when called. Each asserts both that the attack ran and that it got nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from hpc.config import SandboxConfig
+from hpc.sandbox import landlock, launch
+from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
+from tests.conftest import ROOT, RELU_TASK, TESTS
+
+SUPPORT = isolation_support()
+needs_landlock = pytest.mark.skipif(not landlock.abi_version(), reason="kernel without Landlock")
+needs_pidns = pytest.mark.skipif(SUPPORT["pid_namespace"] is not True, reason="no PID namespaces here")
+needs_root = pytest.mark.skipif(not launch.can_switch_uid(), reason="needs a root harness")
+
+
+def attack_in_worker(tmp_path: Path, code: str, trusted: bool = False, **kw) -> str:
+    """Run `code` (which sets `result`) in a fresh worker; what it reported."""
+    task = tmp_path / f"attack_{uuid.uuid4().hex[:8]}.py"
+    task.write_text(f"{code}\nraise RuntimeError('RESULT<' + str(result) + '>')\n")
+    work = tmp_path / "work"
+    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu", readable=(task,),
+                          trusted=trusted, **kw) as proc:
+        with pytest.raises(SandboxError) as err:
+            proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+    reason = err.value.reason
+    assert "RESULT<" in reason, reason   # the attack ran
+    return reason[reason.index("RESULT<"):]
+
+
+def host_processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+# -- reads -------------------------------------------------------------------------------------
+
+@contextmanager
+def process_with_secret_environment() -> Iterator[tuple[int, str]]:
+    """A harness-side process whose environment (as /proc shows it: the one it started with)
+    holds an API key; (its pid, the key)."""
+    canary = f"sk-canary-{uuid.uuid4().hex}"
+    helper = subprocess.Popen(["sleep", "120"], env={**os.environ, "HPC_TEST_API_KEY": canary})
+    try:
+        yield helper.pid, canary
+    finally:
+        helper.kill()
+        helper.wait()
+
+
+def test_worker_cannot_read_the_harness_environment(tmp_path):
+    with process_with_secret_environment() as (helper, canary):
+        out = attack_in_worker(tmp_path, f"""
+import os
+got = []
+for pid in [{os.getpid()}, {helper}] + [int(p) for p in os.listdir('/proc') if p.isdigit()]:
+    try:
+        got.append(open(f'/proc/{{pid}}/environ', 'rb').read().decode(errors='replace'))
+    except OSError as e:
+        got.append(f'denied {{pid}} {{e.errno}}')
+result = ' | '.join(got)
+""")
+    assert canary not in out and f"denied {os.getpid()}" in out and f"denied {helper}" in out
+
+
+@needs_landlock
+def test_worker_reads_only_the_system_python_and_its_workdir(tmp_path):
+    secret = tmp_path / "solutions" / "level1" / "model_new.py"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("SHIPPED-SOLUTION-TEXT")
+    shipped = next((ROOT / "kernels" / "solutions").rglob("model_new.py"))
+    out = attack_in_worker(tmp_path, f"""
+import os, torch
+open('mine.txt', 'w').write('own')
+got = [open('mine.txt').read()]
+for path in [{str(secret)!r}, {str(shipped)!r}, {str(Path.home() / '.cache')!r}, '/etc/shadow']:
+    try:
+        got.append(open(path).read() if os.path.isfile(path) else str(os.listdir(path)))
+    except OSError as e:
+        got.append(f'denied {{e.errno}}')
+result = got
+""")
+    assert "own" in out and "SHIPPED-SOLUTION-TEXT" not in out and "class ModelNew" not in out
+    assert out.count("denied 13") >= 3, out
+
+
+# -- sockets, processes, syscalls ---------------------------------------------------------------
+
+@contextmanager
+def unix_server(tmp_path: Path) -> Iterator[tuple[str, list]]:
+    """A pathname UNIX socket of the host that anyone may connect to; (its path, connections)."""
+    folder = tmp_path / "sock"
+    folder.mkdir()
+    folder.chmod(0o777)
+    path = str(folder / "host.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.listen(1)
+    server.settimeout(0.2)
+    accepted: list = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set() and not accepted:
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                pass
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield path, accepted
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def test_worker_cannot_connect_to_a_host_unix_socket(tmp_path):
+    with unix_server(tmp_path) as (path, accepted):
+        out = attack_in_worker(tmp_path, f"""
+import socket
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect({path!r})
+    result = 'connected'
+except OSError as e:
+    result = f'refused {{e.errno}}'
+""")
+    assert "refused 13" in out and not accepted
+
+
+def test_a_trusted_worker_may_open_unix_sockets(tmp_path):
+    out = attack_in_worker(tmp_path, "import socket\nsocket.socket(socket.AF_UNIX).close()\nresult = 'opened'",
+                           trusted=True)
+    assert "opened" in out
+
+
+def test_denied_syscalls_answer_an_error(tmp_path):
+    """The seccomp list: io_uring, ptrace, namespaces, keyrings, bpf, perf, mounts; clone3 ENOSYS."""
+    out = attack_in_worker(tmp_path, """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {'x86_64': dict(io_uring_setup=425, ptrace=101, unshare=272, keyctl=250, bpf=321, perf_event_open=298,
+                     mount=165, clone3=435),
+      'aarch64': dict(io_uring_setup=425, ptrace=117, unshare=97, keyctl=219, bpf=280, perf_event_open=241,
+                      mount=40, clone3=435)}[os.uname().machine]
+got = {}
+for name, n in nr.items():
+    rc = libc.syscall(n, 0x10000000 if name == 'unshare' else 0, 0, 0, 0, 0)
+    got[name] = ctypes.get_errno() if rc < 0 else 'allowed'
+result = got
+""")
+    assert "allowed" not in out
+    for name in ("io_uring_setup", "ptrace", "unshare", "keyctl", "bpf", "perf_event_open", "mount"):
+        assert f"'{name}': 1" in out, out
+    assert "'clone3': 38" in out
+
+
+def test_kill_minus_one_reaches_nothing_outside(tmp_path):
+    helper = subprocess.Popen(["sleep", "120"])
+    sibling = SandboxedProcess("reference", tmp_path / "sibling", SandboxConfig(timeout_s=120), "cpu")
+    try:
+        work = tmp_path / "work"
+        task = tmp_path / "killer.py"
+        task.write_text("import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
+                        "raise RuntimeError('RESULT<still here>')\n")
+        with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu", readable=(task,)) as proc:
+            # without its PID namespace this would signal every process of the uid: refuse to try
+            assert proc.isolation["pid_namespace"] is True
+            with pytest.raises(SandboxError) as err:
+                proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+        assert "RESULT<still here>" in err.value.reason
+        time.sleep(0.5)
+        assert helper.poll() is None and sibling.proc.poll() is None
+    finally:
+        helper.kill()
+        helper.wait()
+        sibling.close()
+
+
+# -- lifetimes ---------------------------------------------------------------------------------
+
+DAEMON = """
+import os
+marker = {marker!r}
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp('sleep', ['sleep', marker])
+    os._exit(0)
+os.wait()
+result = 'forked'
+"""
+
+
+def test_a_setsid_daemon_does_not_outlive_its_worker(tmp_path):
+    marker = f"{1000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**9}"
+    out = attack_in_worker(tmp_path, DAEMON.format(marker=marker))
+    assert "forked" in out
+    deadline = time.monotonic() + 5
+    while host_processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert host_processes_with(marker) == []
+
+
+@pytest.mark.parametrize("pid_namespace", [True, False], ids=["pid-namespace", "subreaper-sweep"])
+def test_everything_a_program_starts_ends_with_it(tmp_path, pid_namespace):
+    """The launcher itself, with and without a PID namespace (where a machine has none, the stub
+    sweeps the orphans it reaps as a subreaper)."""
+    marker = f"{2000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**9}"
+    code = DAEMON.format(marker=marker) + "print(result, flush=True)\nimport time\ntime.sleep(60)\n"
+    policy = launch.Policy(readable=tuple(launch.python_readable()), pid_namespace=pid_namespace)
+    proc = launch.spawn([sys.executable, "-c", code], policy, cwd=tmp_path,
+                        env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE)
+    assert proc.popen.stdout.readline().strip() == b"forked"
+    assert host_processes_with(marker)
+    proc.reap()
+    assert host_processes_with(marker) == []
+
+
+@needs_pidns
+def test_a_joined_worker_shares_the_pid_namespace(tmp_path):
+    """CUDA IPC between an evaluation's two workers needs one PID namespace (the driver checks pids)."""
+    first = launch.spawn(["sleep", "60"], launch.Policy(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    try:
+        rc, out = launch.run(["sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $$"],
+                             launch.Policy(join=first.pidfd), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                             timeout=30)
+    finally:
+        first.reap()
+    assert rc == 0 and out.splitlines()[0].strip() == "sleep 60" and out.splitlines()[1] != "1"
+
+
+# -- identity and what the harness keeps -----------------------------------------------------------
+
+def test_the_isolation_in_force_is_recorded(tmp_path):
+    with SandboxedProcess("program", tmp_path, SandboxConfig(timeout_s=60), "cpu") as proc:
+        iso = proc.isolation
+        assert proc.worker_pid != proc.proc.pid and os.path.exists(f"/proc/{proc.worker_pid}")
+    for key in ("landlock_abi", "reads_confined", "pid_namespace", "network_namespace", "seccomp", "uid"):
+        assert key in iso
+    assert iso["seccomp"] == "strict" and iso["reads_confined"] is bool(SUPPORT["landlock_abi"])
+    assert iso["capabilities"] is False
+
+
+@needs_root
+def test_a_root_harness_runs_programs_as_the_uid_and_can_still_read_their_memory(tmp_path):
+    private = tmp_path / "root-only.txt"
+    private.write_text("root only")
+    private.chmod(0o600)
+    tmp_path.chmod(0o755)
+    policy = launch.Policy(readable=(str(tmp_path),), uid=65534)
+    proc = launch.spawn(["sh", "-c", f"id -u; cat {private} || echo refused; exec sleep 60"], policy,
+                        cwd="/", env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.popen.stdout.readline().strip() == b"65534"
+        assert b"refused" in proc.popen.stdout.readline() + proc.popen.stdout.readline()
+        assert proc.isolation["uid"] == 65534
+        time.sleep(0.2)
+        with open(f"/proc/{proc.worker_pid}/maps") as f:   # the harness reads the worker's memory
+            start = int(next(ln for ln in f if "[stack]" in ln).split("-")[0], 16)
+        with open(f"/proc/{proc.worker_pid}/mem", "rb") as mem:
+            assert len(os.pread(mem.fileno(), 64, start)) == 64
+    finally:
+        proc.reap()
+
+
+# -- the real evaluator ----------------------------------------------------------------------------
+
+KERNEL_ATTACK = r"""
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static void attack() {
+%s
+}
+
+extern "C" void relu(float* out, const float* x, int64_t n) {
+    attack();
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+"""
+READ_AND_DIE = r"""
+    char buf[4096] = {0};
+    int fd = open("%s", O_RDONLY);
+    if (fd < 0) { fprintf(stderr, "ATTACK-RAN open errno=%%d\n", errno); abort(); }
+    ssize_t got = read(fd, buf, sizeof buf - 1);
+    for (ssize_t i = 0; i < got; ++i) if (buf[i] == 0) buf[i] = ' ';
+    fprintf(stderr, "ATTACK-RAN LEAK %%s\n", buf);
+    abort();
+"""
+
+
+def _attacking_candidate(tmp_path: Path, body: str) -> Path:
+    work = tmp_path / f"candidate-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(TESTS / "fixtures" / "honest_relu", work)
+    (work / "kernels" / "relu.cu").unlink()
+    (work / "kernels" / "relu.cpp").write_text(KERNEL_ATTACK % body)
+    return work
+
+
+def _evaluate(work: Path, config):
+    from hpc.candidate import load_candidate
+    from hpc.pipeline import evaluate
+    from hpc.task import load_task
+
+    return evaluate(load_task(RELU_TASK), load_candidate(work), config)
+
+
+def _record_text(rec) -> str:
+    return " ".join(str(v) for v in vars(rec).values())
+
+
+def test_kernel_host_code_cannot_read_a_shipped_solution(tmp_path, fast_config):
+    secret = tmp_path / "solutions" / "model_new.py"
+    secret.parent.mkdir()
+    secret.write_text("SHIPPED-SOLUTION-SECRET")
+    rec = _evaluate(_attacking_candidate(tmp_path, READ_AND_DIE % secret), fast_config)
+    assert "ATTACK-RAN open errno=13" in rec.reason, rec.reason
+    assert "SHIPPED-SOLUTION-SECRET" not in _record_text(rec)
+
+
+def test_kernel_host_code_cannot_read_the_harness_environment(tmp_path, fast_config):
+    rec = _evaluate(_attacking_candidate(tmp_path, READ_AND_DIE % f"/proc/{os.getpid()}/environ"), fast_config)
+    assert "ATTACK-RAN open errno=" in rec.reason and "ATTACK-RAN LEAK" not in _record_text(rec), rec.reason
+
+
+def test_kernel_host_code_cannot_reach_a_host_unix_socket(tmp_path, fast_config):
+    body = r"""
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (s < 0) { fprintf(stderr, "ATTACK-RAN socket errno=%%d\n", errno); abort(); }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    strncpy(addr.sun_path, "%s", sizeof addr.sun_path - 1);
+    int rc = connect(s, (sockaddr*)&addr, sizeof addr);
+    fprintf(stderr, "ATTACK-RAN connect rc=%%d errno=%%d\n", rc, errno);
+    abort();
+"""
+    with unix_server(tmp_path) as (path, accepted):
+        rec = _evaluate(_attacking_candidate(tmp_path, body % path), fast_config)
+    assert "ATTACK-RAN socket errno=13" in rec.reason, rec.reason
+    assert not accepted
+
+
+def test_a_daemon_started_by_kernel_code_does_not_outlive_the_evaluation(tmp_path, fast_config):
+    marker = f"{3000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**9}"
+    body = r"""
+    static bool done = false;
+    if (done) return;
+    done = true;
+    if (fork() == 0) {
+        setsid();
+        if (fork() == 0) { execlp("sleep", "sleep", "%s", (char*)nullptr); _exit(1); }
+        _exit(0);
+    }
+""" % marker
+    rec = _evaluate(_attacking_candidate(tmp_path, body), fast_config)
+    assert rec.compiled, rec.reason
+    deadline = time.monotonic() + 5
+    while host_processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert host_processes_with(marker) == []
