@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hpc.config import EvalConfig
 from hpc.hardware import device_name, versions
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.timing import CALIBRATION_WARMUP, PROTOCOL, TimingStats, figures_ms, timing_calls
+from hpc.profile.timing import PROTOCOL, TimingStats, figures_ms, timing_calls
 from hpc.sandbox.prestart import WorkerPair, start_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
@@ -112,7 +112,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     with lock.shared():
         driver.setup(task, init_seed, draw())
     with lock.exclusive():
-        overhead_ns = driver.calibrate([draw() for _ in range(t.calibration_calls + CALIBRATION_WARMUP)])
+        overhead_ns = driver.calibrate()
     with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
         driver.load({"program": name, "mode": mode or "default"})
     with lock.exclusive():

@@ -25,7 +25,7 @@ from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import device_name, versions
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver
-from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, TimingStats, figures_ms, timing_calls
+from hpc.profile.timing import Call, Failure, TimingStats, figures_ms, timing_calls
 from hpc.results.record import EvalRecord
 from hpc.runner.op_monitor import op_monitor_library
 from hpc.reward import compute_reward
@@ -167,7 +167,6 @@ class Seeds:
 
     init: int
     probe: int
-    calibration: list[int]
     trials: list[dict]
     timing: list[int]
     checked: list[int]        # timed calls (indexes among them) whose outputs are checked
@@ -185,8 +184,7 @@ class Seeds:
         init = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
         trials = [{"seed": draw(), "distribution": "default"} for _ in range(cfg.correctness.trials)]
         trials += [{"seed": draw(), "distribution": d} for d in cfg.correctness.distributions]
-        return cls(init, draw(), [draw() for _ in range(t.calibration_calls + CALIBRATION_WARMUP)], trials,
-                   [draw() for _ in range(t.warmup + t.iterations)],
+        return cls(init, draw(), trials, [draw() for _ in range(t.warmup + t.iterations)],
                    sorted(rng.sample(range(t.iterations), cfg.correctness.timed_checks)))
 
     def to_json(self) -> str:
@@ -209,7 +207,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         overhead_ns = 0.0
         if stop_after == "reward":   # timed later: the handshake's cost, before any candidate code exists
             with lock.exclusive():
-                overhead_ns = driver.calibrate(seeds.calibration)
+                overhead_ns = driver.calibrate()
             rec.overhead_ms = overhead_ns / 1e6
         with lock.shared():
             monitor = harness_file(op_monitor_library(cfg.cache_path()), pair.candidate_dir, "op_monitor.so")

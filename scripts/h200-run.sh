@@ -11,7 +11,10 @@
 #         suite       every shipped solution through `hpc eval-suite` at GPU scale (SUITE_ARGS adds flags)
 #         profile     every harness request of serial evaluations, with and without prestarted
 #                     processes (benchmarks/evaluation_profile.py; PROFILE_ARGS adds flags)
-#         protocol    the timing protocol on spin kernels of known duration vs naive events
+#         protocol    the outside clock's figure vs the same call timed in process, on spins of known length
+#                     (benchmarks/outside_clock.py; PROTOCOL_ARGS adds flags)
+#         cost        eval-suite wall time of this checkout vs a previous one in .previous/ (carried;
+#                     benchmarks/protection_cost.py; COST_ARGS adds flags)
 #         quality     timing spread over repeated evaluations and the eager-identical bias
 #         throughput  candidates per minute of one process, cold and warm caches, level 1
 #         pool        candidates per minute per GPU through the MPI pool (POOL_ARGS adds flags)
@@ -46,6 +49,8 @@ for spec in "$@"; do
                     --out "$out/suite.h5" ${SUITE_ARGS:-}) ;;
         profile) cmd=(python3 benchmarks/evaluation_profile.py --backend cuda --out "$out/profile.json" ${PROFILE_ARGS:-}) ;;
         protocol) cmd=(python3 benchmarks/outside_clock.py --backend cuda --out "$out/protocol.json" ${PROTOCOL_ARGS:-}) ;;
+        cost) cmd=(python3 benchmarks/protection_cost.py --previous .previous --backend cuda --out "$out/cost.json"
+                   ${COST_ARGS:-}) ;;
         quality) cmd=(python3 benchmarks/timing_quality.py --backend cuda --out "$out/quality.json" ${QUALITY_ARGS:-}) ;;
         throughput) cmd=(python3 benchmarks/eval_throughput.py --backend cuda --only level1
                          --out "$out/throughput.json") ;;

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from hpc.candidate import MODEL_FILE, Candidate, load_candidate
 from hpc.task import Task
-from hpc.verify.static import ALLOWED_IMPORTS
+from hpc.verify.static import import_defect
 
 TASK_FILE = "model.py"
 INSTRUCTIONS_FILE = "INSTRUCTIONS.md"
@@ -197,8 +197,5 @@ def starter_model_new(task_source: str, task_id: str = "") -> str:
 
 
 def _allowed_import(node: ast.Import | ast.ImportFrom) -> bool:
-    if isinstance(node, ast.Import):
-        return all(a.name in ALLOWED_IMPORTS for a in node.names)
-    module = node.module or ""
-    return not node.level and (module in ALLOWED_IMPORTS or all(f"{module}.{a.name}" in ALLOWED_IMPORTS
-                                                                 for a in node.names))
+    """The evaluator's own rule (hpc.verify.static): a starter never begins with a refused import."""
+    return not import_defect(node)

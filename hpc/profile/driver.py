@@ -102,10 +102,10 @@ class PairDriver:
         prog.receive("serve")
         return result
 
-    def calibrate(self, seeds: list[int]) -> float:
+    def calibrate(self) -> float:
         """The handshake's fixed cost in nanoseconds: the median of the empty program's timed calls,
         run before anything else is loaded in the program's process (SandboxError if it fails)."""
-        result = self.run(calibration_calls(seeds))
+        result = self.run(calibration_calls(self.cfg.timing.calibration_calls))
         if result.failure is not None or not result.times_ns:
             reason = result.failure.reason if result.failure else "no calls"
             raise SandboxError(f"the empty program could not be timed: {reason}", "harness")

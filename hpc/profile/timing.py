@@ -43,7 +43,8 @@ POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uniniti
 class Call:
     """One call of the program, as the driver runs it."""
 
-    seed: int                    # the reference makes its inputs with torch.manual_seed(seed)
+    seed: int                    # the reference makes its inputs with torch.manual_seed(seed); < 0: none
+                                 # made (the empty program's calls: nothing reads their inputs)
     distribution: str = "default"
     timed: bool = False
     checked: bool = False        # its outputs are copied out at once and compared with the reference's
@@ -161,9 +162,10 @@ def timing_calls(seeds: list[int], warmup: int, checked: set[int]) -> list[Call]
 CALIBRATION_WARMUP = 3
 
 
-def calibration_calls(seeds: list[int]) -> list[Call]:
-    """The empty program's calls: the first CALIBRATION_WARMUP untimed, then timed ones, none checked."""
-    return [Call(s, timed=k >= CALIBRATION_WARMUP) for k, s in enumerate(seeds)]
+def calibration_calls(timed: int) -> list[Call]:
+    """The empty program's calls: CALIBRATION_WARMUP untimed, then `timed` timed ones, none checked,
+    on no inputs (the slot is still published and the cache flushed: every step but the model's)."""
+    return [Call(-1, timed=k >= CALIBRATION_WARMUP) for k in range(CALIBRATION_WARMUP + timed)]
 
 
 def figures_ms(times_ns: list[int], overhead_ns: float) -> list[float]:

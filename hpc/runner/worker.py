@@ -212,7 +212,9 @@ class ReferenceWorker(_Worker):
     def prepare(self, msg: dict) -> dict:
         """Make the inputs of a batch of calls into staging, one call every `per_call` bytes."""
         for j, data in enumerate(msg["calls"]):
-            self._pack(self._inputs_for(Call.from_message(data)), self.staging[j * self.per_call:])
+            call = Call.from_message(data)
+            if call.seed >= 0:
+                self._pack(self._inputs_for(call), self.staging[j * self.per_call:])
         return {"ok": True}
 
     def check(self, msg: dict) -> dict:
@@ -312,7 +314,8 @@ class _DeviceAgent:
         self.captured = {}
         try:
             for j, call in enumerate(calls):
-                self.ref._pack(self.ref._inputs_for(call), self.private[j * size:])
+                if call.seed >= 0:
+                    self.ref._pack(self.ref._inputs_for(call), self.private[j * size:])
         except WorkerError as e:
             return Failure(e.kind, str(e))
         torch.cuda.synchronize(self.ref.device)

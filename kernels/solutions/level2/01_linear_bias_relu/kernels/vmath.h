@@ -1,50 +1,147 @@
-// AVX-512 float math helpers: exp (Cephes polynomial), erf (A&S 7.1.26, |err| < 1.5e-7), tanh, gelu.
+// Float vector math helpers: exp (Cephes polynomial), erf (A&S 7.1.26, |err| < 1.5e-7), tanh, gelu.
+// vf is a vector of VW floats: AVX-512 intrinsics under __AVX512F__, else a GCC vector extension of
+// one machine vector (AVX2/FMA, SSE or NEON code, whatever -march gives). A vmask picks lanes: a
+// bit mask on AVX-512, a count of leading lanes otherwise (the kernels only mask tails).
 #pragma once
-#include <immintrin.h>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
-static inline __m512 vexp(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-87.3f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(p, n);
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+typedef __m512 vf;
+typedef __mmask16 vmask;
+constexpr int VW = 16;
+
+static inline vf vset1(float a) { return _mm512_set1_ps(a); }
+static inline vf vzero() { return _mm512_setzero_ps(); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vfmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }   // a b + c
+static inline vf vfnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } // c - a b
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
+static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vscalef(vf a, vf n) { return _mm512_scalef_ps(a, n); }  // a 2^n
+static inline vf vcopysign(vf a, vf s) {  // a >= 0 with the sign of s
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a),
+        _mm512_and_si512(_mm512_castps_si512(s), _mm512_set1_epi32(0x80000000))));
+}
+static inline float vreduce_add(vf a) { return _mm512_reduce_add_ps(a); }
+static inline float vreduce_max(vf a) { return _mm512_reduce_max_ps(a); }
+static inline vf vload(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
+static inline void vstore(float* p, vf a) { _mm512_store_ps(p, a); }
+static inline vmask tail_mask(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+static inline vf vmaskz_loadu(vmask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }  // 0 off m
+static inline void vmask_storeu(float* p, vmask m, vf a) { _mm512_mask_storeu_ps(p, m, a); }
+static inline vf vmask_add(vf src, vmask m, vf a, vf b) { return _mm512_mask_add_ps(src, m, a, b); }  // src off m
+static inline vf vmask_max(vf src, vmask m, vf a, vf b) { return _mm512_mask_max_ps(src, m, a, b); }
+static inline vf vmaskz_sub(vmask m, vf a, vf b) { return _mm512_maskz_sub_ps(m, a, b); }
+
+#else
+#ifdef __AVX__
+constexpr int VW = 8;
+#else
+constexpr int VW = 4;
+#endif
+typedef float vf __attribute__((vector_size(4 * VW)));
+typedef int32_t vi __attribute__((vector_size(4 * VW)));
+typedef int vmask;
+
+static inline vf vset1(float a) { return vf{} + a; }
+static inline vf vzero() { return vf{}; }
+static inline vf vadd(vf a, vf b) { return a + b; }
+static inline vf vsub(vf a, vf b) { return a - b; }
+static inline vf vmul(vf a, vf b) { return a * b; }
+static inline vf vdiv(vf a, vf b) { return a / b; }
+static inline vf vfmadd(vf a, vf b, vf c) { return a * b + c; }  // contracted to an fma where there is one
+static inline vf vfnmadd(vf a, vf b, vf c) { return c - a * b; }
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+static inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+static inline vf vabs(vf a) { return (vf)((vi)a & 0x7FFFFFFF); }
+static inline vf vround(vf a) {  // to nearest even, |a| < 2^22
+    const vf magic = vset1(12582912.f);  // 1.5 * 2^23
+    return (a + magic) - magic;
+}
+static inline vf vscalef(vf a, vf n) {  // a 2^n for integral n in [-126, 128], in two factors that stay normal
+    vi k = __builtin_convertvector(n, vi), h = k >> 1;
+    return a * (vf)((h + 127) << 23) * (vf)((k - h + 127) << 23);
+}
+static inline vf vcopysign(vf a, vf s) { return (vf)((vi)a | ((vi)s & (int32_t)0x80000000)); }
+static inline float vreduce_add(vf a) {
+    float s = a[0];
+    for (int i = 1; i < VW; ++i) s += a[i];
+    return s;
+}
+static inline float vreduce_max(vf a) {
+    float s = a[0];
+    for (int i = 1; i < VW; ++i) s = a[i] > s ? a[i] : s;
+    return s;
+}
+static inline vf vload(const float* p) { vf a; std::memcpy(&a, p, sizeof a); return a; }
+static inline void vstore(float* p, vf a) { std::memcpy(p, &a, sizeof a); }
+static inline vmask tail_mask(int64_t n) { return n >= VW ? VW : (vmask)n; }
+static inline vf vmaskz_loadu(vmask m, const float* p) {
+    if (m == VW) return vload(p);
+    vf a{};
+    std::memcpy(&a, p, m * sizeof(float));
+    return a;
+}
+static inline void vmask_storeu(float* p, vmask m, vf a) {
+    if (m == VW) vstore(p, a);
+    else std::memcpy(p, &a, m * sizeof(float));
+}
+static inline vi vlanes(vmask m) {  // -1 in the lanes of m
+    vi i;
+    for (int l = 0; l < VW; ++l) i[l] = l;
+    return i < m;
+}
+static inline vf vmask_add(vf src, vmask m, vf a, vf b) { return vlanes(m) ? a + b : src; }
+static inline vf vmask_max(vf src, vmask m, vf a, vf b) { return vlanes(m) ? vmax(a, b) : src; }
+static inline vf vmaskz_sub(vmask m, vf a, vf b) { return vlanes(m) ? a - b : vf{}; }
+#endif
+
+static inline vf vexp(vf x) {
+    x = vmax(vmin(x, vset1(88.7f)), vset1(-87.3f));
+    vf n = vround(vmul(x, vset1(1.44269504f)));
+    vf r = vfnmadd(n, vset1(0.693359375f), x);
+    r = vfnmadd(n, vset1(-2.12194440e-4f), r);
+    vf p = vset1(1.9875691500e-4f);
+    p = vfmadd(p, r, vset1(1.3981999507e-3f));
+    p = vfmadd(p, r, vset1(8.3334519073e-3f));
+    p = vfmadd(p, r, vset1(4.1665795894e-2f));
+    p = vfmadd(p, r, vset1(1.6666665459e-1f));
+    p = vfmadd(p, r, vset1(5.0000001201e-1f));
+    p = vfmadd(vmul(p, r), r, vadd(r, vset1(1.f)));
+    return vscalef(p, n);
 }
 
-static inline __m512 verf(__m512 x) {
-    __m512 a = _mm512_abs_ps(x);
-    __m512 t = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.f)));
-    __m512 p = _mm512_set1_ps(1.061405429f);
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
-    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
-    p = _mm512_mul_ps(p, t);
-    __m512 y = _mm512_fnmadd_ps(p, vexp(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), a), a)), _mm512_set1_ps(1.f));
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y),   // copy the sign of x
-        _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x80000000))));
+static inline vf verf(vf x) {
+    vf a = vabs(x);
+    vf t = vdiv(vset1(1.f), vfmadd(a, vset1(0.3275911f), vset1(1.f)));
+    vf p = vset1(1.061405429f);
+    p = vfmadd(p, t, vset1(-1.453152027f));
+    p = vfmadd(p, t, vset1(1.421413741f));
+    p = vfmadd(p, t, vset1(-0.284496736f));
+    p = vfmadd(p, t, vset1(0.254829592f));
+    p = vmul(p, t);
+    vf y = vfnmadd(p, vexp(vmul(vsub(vzero(), a), a)), vset1(1.f));
+    return vcopysign(y, x);
 }
 
-static inline __m512 vgelu(__m512 x) {  // 0.5 x (1 + erf(x / sqrt 2))
-    __m512 e = verf(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678f)));
-    return _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5f)), _mm512_add_ps(e, _mm512_set1_ps(1.f)));
+static inline vf vgelu(vf x) {  // 0.5 x (1 + erf(x / sqrt 2))
+    vf e = verf(vmul(x, vset1(0.70710678f)));
+    return vmul(vmul(x, vset1(0.5f)), vadd(e, vset1(1.f)));
 }
 
-static inline __m512 vtanh(__m512 x) {  // 1 - 2 / (exp(2x) + 1)
-    __m512 e = vexp(_mm512_add_ps(x, x));
-    return _mm512_sub_ps(_mm512_set1_ps(1.f), _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
+static inline vf vtanh(vf x) {  // 1 - 2 / (exp(2x) + 1)
+    vf e = vexp(vadd(x, x));
+    return vsub(vset1(1.f), vdiv(vset1(2.f), vadd(e, vset1(1.f))));
 }
-
-static inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
 
 // Growable 64-byte aligned scratch buffer, one per slot (call outside parallel regions).
 static inline float* scratch(int slot, size_t n) {

@@ -1,10 +1,11 @@
-// Packed fp32 GEMM for AVX-512: C[M,N] = A[M,K] B[K,N] with a fused per-element epilogue.
-// B is packed once into 32-column panels [N/32][K][32]; A is packed per block of <= 14 rows [K][mr].
+// Packed fp32 GEMM: C[M,N] = A[M,K] B[K,N] with a fused per-element epilogue, MR x NR register tiles.
+// B is packed once into NR-column panels [N/NR][K][NR]; A is packed per block of <= MR rows [K][mr].
+// AVX-512: 32 columns x 14 rows (28 of the 32 registers); 8- or 4-wide vectors: 2 VW x 6 rows (12 of 16).
 #pragma once
 #include "vmath.h"
 #include <algorithm>
 
-constexpr int64_t NR = 32, MR = 14;
+constexpr int64_t NR = 2 * VW, MR = VW == 16 ? 14 : 6;
 
 struct RowBlocks {  // M rows split into n blocks of balanced height <= MR
     int64_t M, n;
@@ -31,26 +32,26 @@ static inline void pack_a(const float* A, int64_t lda, int64_t r0, int64_t mr, i
     }
 }
 
-// epi(v, row, col, mask) -> value to store for 16 columns starting at col
+// epi(v, row, col, mask) -> value to store for VW columns starting at col
 template <int R, class Epi>
 static inline void ukernel(int64_t K, const float* a, const float* b, float* C, int64_t ldc,
                            int64_t i0, int64_t j0, int64_t nc, const Epi& epi) {
-    __m512 c0[R], c1[R];
-    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+    vf c0[R], c1[R];
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = vzero();
     for (int64_t k = 0; k < K; ++k, a += R, b += NR) {
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        vf b0 = vload(b), b1 = vload(b + VW);
 #pragma GCC unroll 14
         for (int r = 0; r < R; ++r) {
-            __m512 av = _mm512_set1_ps(a[r]);
-            c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
-            c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+            vf av = vset1(a[r]);
+            c0[r] = vfmadd(av, b0, c0[r]);
+            c1[r] = vfmadd(av, b1, c1[r]);
         }
     }
-    __mmask16 m0 = tail_mask(nc), m1 = nc > 16 ? tail_mask(nc - 16) : 0;
+    vmask m0 = tail_mask(nc), m1 = nc > VW ? tail_mask(nc - VW) : 0;
     for (int r = 0; r < R; ++r) {
         float* c = C + (i0 + r) * ldc + j0;
-        _mm512_mask_storeu_ps(c, m0, epi(c0[r], i0 + r, j0, m0));
-        if (m1) _mm512_mask_storeu_ps(c + 16, m1, epi(c1[r], i0 + r, j0 + 16, m1));
+        vmask_storeu(c, m0, epi(c0[r], i0 + r, j0, m0));
+        if (m1) vmask_storeu(c + VW, m1, epi(c1[r], i0 + r, j0 + VW, m1));
     }
 }
 
@@ -62,7 +63,7 @@ static inline void gemm_rows(int64_t i0, int64_t mr, int64_t N, int64_t K, const
         const float* bp = Bp + j0 * K;
         int64_t nc = std::min(NR, N - j0);
         switch (mr) {
-#define UK(R) case R: ukernel<R>(K, ap, bp, C, ldc, i0, j0, nc, epi); break;
+#define UK(R) case R: if constexpr (R <= MR) ukernel<R>(K, ap, bp, C, ldc, i0, j0, nc, epi); break;
             UK(1) UK(2) UK(3) UK(4) UK(5) UK(6) UK(7) UK(8) UK(9) UK(10) UK(11) UK(12) UK(13) UK(14)
 #undef UK
         }

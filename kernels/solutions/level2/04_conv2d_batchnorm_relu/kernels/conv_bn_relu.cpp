@@ -11,9 +11,9 @@ extern "C" void conv_bn_relu(float* y, const float* x, const float* w, const flo
         st[c] = s;
         st[Co + c] = (cb[c] - mean[c]) * s + beta[c];
     }
-    auto epi = [=](__m512 v, int64_t co) {
-        v = _mm512_fmadd_ps(v, _mm512_set1_ps(st[co]), _mm512_set1_ps(st[Co + co]));
-        return _mm512_max_ps(v, _mm512_setzero_ps());
+    auto epi = [=](vf v, int64_t co) {
+        v = vfmadd(v, vset1(st[co]), vset1(st[Co + co]));
+        return vmax(v, vzero());
     };
     conv2d(y, x, w, B, Ci, H, W, Co, KH, KW, epi);
 }

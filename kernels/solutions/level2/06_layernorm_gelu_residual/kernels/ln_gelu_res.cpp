@@ -7,21 +7,21 @@ extern "C" void ln_gelu_res(float* y, const float* x, const float* w, const floa
     for (int64_t i = 0; i < M; ++i) {
         const float* xr = x + i * D;
         float* yr = y + i * D;
-        __m512 s = _mm512_setzero_ps();
-        for (int64_t j = 0; j < D; j += 16) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail_mask(D - j), xr + j));
-        __m512 mean = _mm512_set1_ps(_mm512_reduce_add_ps(s) / (float)D), q = _mm512_setzero_ps();
-        for (int64_t j = 0; j < D; j += 16) {
-            __mmask16 m = tail_mask(D - j);
-            __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, xr + j), mean);
-            q = _mm512_fmadd_ps(d, d, q);
+        vf s = vzero();
+        for (int64_t j = 0; j < D; j += VW) s = vadd(s, vmaskz_loadu(tail_mask(D - j), xr + j));
+        vf mean = vset1(vreduce_add(s) / (float)D), q = vzero();
+        for (int64_t j = 0; j < D; j += VW) {
+            vmask m = tail_mask(D - j);
+            vf d = vmaskz_sub(m, vmaskz_loadu(m, xr + j), mean);
+            q = vfmadd(d, d, q);
         }
-        __m512 rstd = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(q) / (float)D + (float)eps));
-        for (int64_t j = 0; j < D; j += 16) {
-            __mmask16 m = tail_mask(D - j);
-            __m512 v = _mm512_maskz_loadu_ps(m, xr + j);
-            __m512 n = _mm512_mul_ps(_mm512_sub_ps(v, mean), rstd);
-            n = _mm512_fmadd_ps(n, _mm512_maskz_loadu_ps(m, w + j), _mm512_maskz_loadu_ps(m, b + j));
-            _mm512_mask_storeu_ps(yr + j, m, _mm512_add_ps(vgelu(n), v));
+        vf rstd = vset1(1.f / std::sqrt(vreduce_add(q) / (float)D + (float)eps));
+        for (int64_t j = 0; j < D; j += VW) {
+            vmask m = tail_mask(D - j);
+            vf v = vmaskz_loadu(m, xr + j);
+            vf n = vmul(vsub(v, mean), rstd);
+            n = vfmadd(n, vmaskz_loadu(m, w + j), vmaskz_loadu(m, b + j));
+            vmask_storeu(yr + j, m, vadd(vgelu(n), v));
         }
     }
 }

@@ -2,12 +2,12 @@
 
 // out = x * sigmoid(x) * scale + y = x / (1 + exp(-x)) * scale + y
 extern "C" void swish_scale_add(float* out, const float* x, const float* y, int64_t n, double scale) {
-    const __m512 s = _mm512_set1_ps((float)scale), one = _mm512_set1_ps(1.f);
+    const vf s = vset1((float)scale), one = vset1(1.f);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
-        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        __m512 sw = _mm512_div_ps(v, _mm512_add_ps(one, vexp(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-        _mm512_mask_storeu_ps(out + i, m, _mm512_fmadd_ps(sw, s, _mm512_maskz_loadu_ps(m, y + i)));
+    for (int64_t i = 0; i < n; i += VW) {
+        vmask m = tail_mask(n - i);
+        vf v = vmaskz_loadu(m, x + i);
+        vf sw = vdiv(v, vadd(one, vexp(vsub(vzero(), v))));
+        vmask_storeu(out + i, m, vfmadd(sw, s, vmaskz_loadu(m, y + i)));
     }
 }

@@ -12,17 +12,17 @@ extern "C" void mean_div_tanh(float* y, const float* x, int64_t B, int64_t C, in
             const float* xb = x + b * C * L + l0;
             float* yb = y + b * C * L + l0;
             alignas(64) float inv[LB];
-            for (int64_t j = 0; j < w; j += 16) {
-                __mmask16 m = tail_mask(w - j);
-                __m512 s = _mm512_setzero_ps();
-                for (int64_t c = 0; c < C; ++c) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(m, xb + c * L + j));
-                _mm512_store_ps(inv + j, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_div_ps(s, _mm512_set1_ps((float)C))));
+            for (int64_t j = 0; j < w; j += VW) {
+                vmask m = tail_mask(w - j);
+                vf s = vzero();
+                for (int64_t c = 0; c < C; ++c) s = vadd(s, vmaskz_loadu(m, xb + c * L + j));
+                vstore(inv + j, vdiv(vset1(1.f), vdiv(s, vset1((float)C))));
             }
             for (int64_t c = 0; c < C; ++c)
-                for (int64_t j = 0; j < w; j += 16) {
-                    __mmask16 m = tail_mask(w - j);
-                    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xb + c * L + j), _mm512_load_ps(inv + j));
-                    _mm512_mask_storeu_ps(yb + c * L + j, m, vtanh(v));
+                for (int64_t j = 0; j < w; j += VW) {
+                    vmask m = tail_mask(w - j);
+                    vf v = vmul(vmaskz_loadu(m, xb + c * L + j), vload(inv + j));
+                    vmask_storeu(yb + c * L + j, m, vtanh(v));
                 }
         }
 }

@@ -8,15 +8,15 @@ extern "C" void rmsnorm_linear(float* out, const float* x, const float* g, const
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < M; ++i) {
         const float* row = x + i * K;
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t k = 0; k < K; k += 16) {
-            __m512 v = _mm512_maskz_loadu_ps(tail_mask(K - k), row + k);
-            acc = _mm512_fmadd_ps(v, v, acc);
+        vf acc = vzero();
+        for (int64_t k = 0; k < K; k += VW) {
+            vf v = vmaskz_loadu(tail_mask(K - k), row + k);
+            acc = vfmadd(v, v, acc);
         }
-        rs[i] = 1.f / std::sqrt(_mm512_reduce_add_ps(acc) / (float)K + (float)eps);
+        rs[i] = 1.f / std::sqrt(vreduce_add(acc) / (float)K + (float)eps);
     }
-    auto epi = [=](__m512 v, int64_t, int64_t j, __mmask16 m) {
-        return _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + j));
+    auto epi = [=](vf v, int64_t, int64_t j, vmask m) {
+        return vadd(v, vmaskz_loadu(m, bias + j));
     };
-    linear_gemm(x, w, out, M, K, N, epi, NoPost(), rs, g);
+    linear_gemm(x, w, out, M, K, N, epi, NoPost());
 }
