@@ -202,19 +202,18 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
     rec.isolation = json.dumps(pair.program.isolation)
     stage = "load"
     try:
+        monitor = harness_file(op_monitor_library(cfg.cache_path()), pair.candidate_dir, "op_monitor.so")
+        guard = {"op_monitor": str(monitor), "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
+                                                          "require_custom_kernel": cfg.policy.require_custom_kernel}}
         with lock.shared():
-            driver.setup(task, seeds.init, seeds.probe)
+            driver.setup(task, seeds.init, seeds.probe, guard)
         overhead_ns = 0.0
         if stop_after == "reward":   # timed later: the handshake's cost, before any candidate code exists
             with lock.exclusive():
                 overhead_ns = driver.calibrate()
             rec.overhead_ms = overhead_ns / 1e6
         with lock.shared():
-            monitor = harness_file(op_monitor_library(cfg.cache_path()), pair.candidate_dir, "op_monitor.so")
-            driver.load({"program": "candidate", "model_file": str(model_file), "op_monitor": str(monitor),
-                         "environment": env,
-                         "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
-                                    "require_custom_kernel": cfg.policy.require_custom_kernel}})
+            driver.load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
         rec.compiled = True
         clock.mark("load")
         stage = "correctness"

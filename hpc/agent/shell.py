@@ -27,7 +27,7 @@ from hpc.agent.config import BashConfig
 from hpc.agent.toolcall import truncate
 from hpc.config import SandboxConfig
 from hpc.sandbox import launch
-from hpc.sandbox.process import isolation_support
+from hpc.sandbox.process import isolation_support, seccomp_profile
 
 
 class ShellUnavailable(Exception):
@@ -63,7 +63,8 @@ def run_bash(command: str, workdir: Path, scratch: Path, log: Path, cfg: BashCon
                            processes=cfg.max_processes, open_files=SandboxConfig().max_open_files,
                            memory_bytes=None if devices else int(cfg.memory_gb * (1 << 30)))
     policy = launch.Policy(readable=tuple(readable) if cfg.confine_reads else None,
-                           writable=(*writable, *devices), uid=uid, limits=limits)
+                           writable=(*writable, *devices), uid=uid, limits=limits,
+                           seccomp=seccomp_profile(False, "cuda" if devices else "cpu"))
     with open(log, "w+b") as out:
         try:
             proc = launch.spawn(["bash", "--noprofile", "--norc", "-c", command], policy, cwd=workdir,

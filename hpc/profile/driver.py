@@ -52,9 +52,11 @@ class PairDriver:
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
 
-    def setup(self, task: Task, init_seed: int, probe_seed: int) -> dict:
+    def setup(self, task: Task, init_seed: int, probe_seed: int, guard: dict | None = None) -> dict:
         """Lay out the task's inputs and outputs (reference), share the slot, map it in the program.
-        SandboxError (kind "task" for the task's own failures) when a step fails."""
+        `guard` ({"op_monitor": path, "policy": ...}): the program's calls will run through the
+        candidate's guard, so its empty program does too. SandboxError (kind "task" for the task's
+        own failures) when a step fails."""
         cfg, ex = self.cfg, self.pair.exchange
         ref, prog = self.pair.reference, self.pair.program
         common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
@@ -76,7 +78,7 @@ class PairDriver:
                                 "staging_bytes": staging, "per_call": per_call})
         prog.request({"op": "setup", **common, **shared, "fds": ex.program.to_message(),
                       "task": str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
-                      "slot_handle": attached.get("slot_handle", "")})
+                      "slot_handle": attached.get("slot_handle", ""), "guarded": guard is not None, **(guard or {})})
         if cfg.backend != "cuda":
             self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush)
         return {"layout": layout, "outputs": outputs}

@@ -388,6 +388,22 @@ def _modified_input(layout: InputLayout, private: torch.Tensor, slot: torch.Tens
     return None
 
 
+class _EmptyModel(torch.nn.Module):
+    """The handshake alone: preallocated outputs, and on cuda one tiny kernel (every call launches at
+    least one, and the switch of the SMs to this context is part of every call). An allowed op, so
+    it runs through the op monitor like a candidate's forward."""
+
+    def __init__(self, outputs: list[torch.Tensor], device: torch.device):
+        super().__init__()
+        self.outputs = outputs
+        self.tick = torch.zeros(1, device=device) if device.type == "cuda" else None
+
+    def forward(self, *inputs):
+        if self.tick is not None:
+            self.tick.fill_(1.0)
+        return self.outputs
+
+
 class ProgramWorker(_Worker):
     """Runs calls on the slot's inputs when the driver says go: the empty program, then the candidate
     (or eager / torch.compile)."""
@@ -402,23 +418,30 @@ class ProgramWorker(_Worker):
                 slot = self.mappings.view(bytes.fromhex(msg["slot_handle"]), 0, self.layout.slot_bytes, self.device)
             except (ValueError, cuda_ipc.IpcError) as e:
                 raise WorkerError(f"the input slot could not be mapped: {e}", "harness") from None
-            self._tick = torch.zeros(1, device=self.device)
         else:
             self.slot_map = map_fd(self.fds.slot, self.layout.slot_bytes)
             slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
                     else torch.empty(0, dtype=torch.uint8))
         self.inputs = _views(slot, self.layout)
-        self.empty_outputs = [torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
-                              for o in self.outputs]
-        self.call = self._empty
+        empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
+                             for o in self.outputs], self.device)
+        if msg.get("guarded"):   # a candidate's calls run through the guard: its cost is the handshake's
+            self.monitor = self._monitor(msg)
+            from hpc import runtime
+
+            guard = ForwardGuard(empty, self.monitor, False, runtime.launch_count)
+            self.call = lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
+        else:
+            self.call = lambda inputs, poison: empty(*inputs)
         return {"ok": True}
 
-    def _empty(self, inputs: list, poison: float | None):
-        """The handshake alone: one tiny kernel on cuda (a call launches at least one, and the switch
-        of the SMs to this context is part of every call), preallocated outputs."""
-        if self.device.type == "cuda":
-            self._tick.add_(1)
-        return self.empty_outputs
+    @staticmethod
+    def _monitor(msg: dict) -> OpMonitor:
+        """The op monitor with the config's policy, loaded before any candidate code runs."""
+        try:
+            return OpMonitor(msg["op_monitor"], ALLOWED_OPS | frozenset(msg["policy"]["allowed_torch_ops"]))
+        except (OSError, RuntimeError) as e:
+            raise WorkerError(f"op monitor unusable: {e}", "harness") from None
 
     def load(self, msg: dict) -> dict:
         """The program to time: the candidate's ModelNew under the policy, eager or compiled Model."""
@@ -439,10 +462,7 @@ class ProgramWorker(_Worker):
     def _load_candidate(self, msg: dict):
         from hpc import runtime
 
-        try:   # before any candidate code runs
-            monitor = OpMonitor(msg["op_monitor"], ALLOWED_OPS | frozenset(msg["policy"]["allowed_torch_ops"]))
-        except (OSError, RuntimeError) as e:
-            raise WorkerError(f"op monitor unusable: {e}", "harness") from None
+        monitor = getattr(self, "monitor", None) or self._monitor(msg)   # before any candidate code runs
         runtime.count_extension_calls()
         os.environ.update({str(k): str(v) for k, v in msg.get("environment", {}).items()})
         path = Path(msg["model_file"])

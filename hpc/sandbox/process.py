@@ -50,6 +50,14 @@ def isolation_support() -> dict[str, object]:
     return {**launch.probe(), "run_as_uid": launch.run_as(SandboxConfig().run_as_uid, launch.python_readable())}
 
 
+def seccomp_profile(trusted: bool, backend: str) -> str:
+    """strict (no AF_UNIX sockets) for an untrusted program off the GPU. The CUDA driver creates
+    AF_UNIX sockets at init and fails (error 304) when it cannot, so a program on the GPU keeps them
+    (seen on the H200, 2026-12-02): there a host's pathname sockets are reachable as far as the
+    program's uid may write them (docs/security.md)."""
+    return "strict" if not trusted and backend != "cuda" else "trusted"
+
+
 def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: list[str], writable: list[str],
                   trusted: bool = False, pass_fds: tuple[int, ...] = (), join: SandboxedProcess | None = None
                   ) -> launch.Policy:
@@ -70,7 +78,7 @@ def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: lis
     return launch.Policy(
         readable=tuple(readable) if cfg.restrict_reads else None,
         writable=tuple(writable + devices) if cfg.restrict_writes else None,
-        network=not cfg.isolate_network, seccomp="trusted" if trusted else "strict", uid=uid, limits=limits,
+        network=not cfg.isolate_network, seccomp=seccomp_profile(trusted, backend), uid=uid, limits=limits,
         pass_fds=pass_fds, join=None if join is None else join.pidfd)
 
 

@@ -62,11 +62,13 @@ def test_work_left_running_by_a_process_that_skips_the_synchronize_is_caught(cud
 def reference_slot(tmp_path, cuda_config):
     """A reference worker set up for the ReLU task, its input slot exported: (worker, handle, bytes)."""
     from hpc.sandbox.exchange import Exchange
+    from hpc.sandbox.prestart import harness_file
 
     exchange = Exchange.create("cuda")
     proc = SandboxedProcess("reference", tmp_path, cuda_config.sandbox, "cuda", trusted=True,
                             pass_fds=Exchange.passed(exchange.reference))
-    laid = proc.request({"op": "setup", "task": str(RELU_TASK), "scale": cuda_config.scale, "init_seed": 1,
+    task = harness_file(RELU_TASK, tmp_path, "task.py")   # what the worker may read: its own folder
+    laid = proc.request({"op": "setup", "task": str(task), "scale": cuda_config.scale, "init_seed": 1,
                          "probe_seed": 2, "device": "cuda"})
     attached = proc.request({"op": "attach", "layout": laid["layout"], "outputs": laid["outputs"], "spin": False,
                              "fds": exchange.reference.to_message(),

@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 
+// The helpers are always inlined, like the intrinsics they stand for.
+#define VFN static inline __attribute__((always_inline))
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 
@@ -14,33 +17,33 @@ typedef __m512 vf;
 typedef __mmask16 vmask;
 constexpr int VW = 16;
 
-static inline vf vset1(float a) { return _mm512_set1_ps(a); }
-static inline vf vzero() { return _mm512_setzero_ps(); }
-static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-static inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
-static inline vf vfmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }   // a b + c
-static inline vf vfnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } // c - a b
-static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
-static inline vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
-static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
-static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline vf vscalef(vf a, vf n) { return _mm512_scalef_ps(a, n); }  // a 2^n
-static inline vf vcopysign(vf a, vf s) {  // a >= 0 with the sign of s
+VFN vf vset1(float a) { return _mm512_set1_ps(a); }
+VFN vf vzero() { return _mm512_setzero_ps(); }
+VFN vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+VFN vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+VFN vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+VFN vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+VFN vf vfmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }   // a b + c
+VFN vf vfnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } // c - a b
+VFN vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+VFN vf vmin(vf a, vf b) { return _mm512_min_ps(a, b); }
+VFN vf vabs(vf a) { return _mm512_abs_ps(a); }
+VFN vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+VFN vf vscalef(vf a, vf n) { return _mm512_scalef_ps(a, n); }  // a 2^n
+VFN vf vcopysign(vf a, vf s) {  // a >= 0 with the sign of s
     return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(a),
         _mm512_and_si512(_mm512_castps_si512(s), _mm512_set1_epi32(0x80000000))));
 }
-static inline float vreduce_add(vf a) { return _mm512_reduce_add_ps(a); }
-static inline float vreduce_max(vf a) { return _mm512_reduce_max_ps(a); }
-static inline vf vload(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
-static inline void vstore(float* p, vf a) { _mm512_store_ps(p, a); }
-static inline vmask tail_mask(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
-static inline vf vmaskz_loadu(vmask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }  // 0 off m
-static inline void vmask_storeu(float* p, vmask m, vf a) { _mm512_mask_storeu_ps(p, m, a); }
-static inline vf vmask_add(vf src, vmask m, vf a, vf b) { return _mm512_mask_add_ps(src, m, a, b); }  // src off m
-static inline vf vmask_max(vf src, vmask m, vf a, vf b) { return _mm512_mask_max_ps(src, m, a, b); }
-static inline vf vmaskz_sub(vmask m, vf a, vf b) { return _mm512_maskz_sub_ps(m, a, b); }
+VFN float vreduce_add(vf a) { return _mm512_reduce_add_ps(a); }
+VFN float vreduce_max(vf a) { return _mm512_reduce_max_ps(a); }
+VFN vf vload(const float* p) { return _mm512_load_ps(p); }  // 64-byte aligned
+VFN void vstore(float* p, vf a) { _mm512_store_ps(p, a); }
+VFN vmask tail_mask(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+VFN vf vmaskz_loadu(vmask m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }  // 0 off m
+VFN void vmask_storeu(float* p, vmask m, vf a) { _mm512_mask_storeu_ps(p, m, a); }
+VFN vf vmask_add(vf src, vmask m, vf a, vf b) { return _mm512_mask_add_ps(src, m, a, b); }  // src off m
+VFN vf vmask_max(vf src, vmask m, vf a, vf b) { return _mm512_mask_max_ps(src, m, a, b); }
+VFN vf vmaskz_sub(vmask m, vf a, vf b) { return _mm512_maskz_sub_ps(m, a, b); }
 
 #else
 #ifdef __AVX__
@@ -50,59 +53,60 @@ constexpr int VW = 4;
 #endif
 typedef float vf __attribute__((vector_size(4 * VW)));
 typedef int32_t vi __attribute__((vector_size(4 * VW)));
+typedef float vfu __attribute__((vector_size(4 * VW), aligned(4), may_alias));  // what a float* points at
 typedef int vmask;
 
-static inline vf vset1(float a) { return vf{} + a; }
-static inline vf vzero() { return vf{}; }
-static inline vf vadd(vf a, vf b) { return a + b; }
-static inline vf vsub(vf a, vf b) { return a - b; }
-static inline vf vmul(vf a, vf b) { return a * b; }
-static inline vf vdiv(vf a, vf b) { return a / b; }
-static inline vf vfmadd(vf a, vf b, vf c) { return a * b + c; }  // contracted to an fma where there is one
-static inline vf vfnmadd(vf a, vf b, vf c) { return c - a * b; }
-static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-static inline vf vmin(vf a, vf b) { return a < b ? a : b; }
-static inline vf vabs(vf a) { return (vf)((vi)a & 0x7FFFFFFF); }
-static inline vf vround(vf a) {  // to nearest even, |a| < 2^22
+VFN vf vset1(float a) { return a - vf{}; }  // exact (a - +0 = a), so a plain broadcast
+VFN vf vzero() { return vf{}; }
+VFN vf vadd(vf a, vf b) { return a + b; }
+VFN vf vsub(vf a, vf b) { return a - b; }
+VFN vf vmul(vf a, vf b) { return a * b; }
+VFN vf vdiv(vf a, vf b) { return a / b; }
+VFN vf vfmadd(vf a, vf b, vf c) { return a * b + c; }  // contracted to an fma where there is one
+VFN vf vfnmadd(vf a, vf b, vf c) { return c - a * b; }
+VFN vf vmax(vf a, vf b) { return a > b ? a : b; }
+VFN vf vmin(vf a, vf b) { return a < b ? a : b; }
+VFN vf vabs(vf a) { return (vf)((vi)a & 0x7FFFFFFF); }
+VFN vf vround(vf a) {  // to nearest even, |a| < 2^22
     const vf magic = vset1(12582912.f);  // 1.5 * 2^23
     return (a + magic) - magic;
 }
-static inline vf vscalef(vf a, vf n) {  // a 2^n for integral n in [-126, 128], in two factors that stay normal
+VFN vf vscalef(vf a, vf n) {  // a 2^n for integral n in [-126, 128], in two factors that stay normal
     vi k = __builtin_convertvector(n, vi), h = k >> 1;
     return a * (vf)((h + 127) << 23) * (vf)((k - h + 127) << 23);
 }
-static inline vf vcopysign(vf a, vf s) { return (vf)((vi)a | ((vi)s & (int32_t)0x80000000)); }
-static inline float vreduce_add(vf a) {
+VFN vf vcopysign(vf a, vf s) { return (vf)((vi)a | ((vi)s & (int32_t)0x80000000)); }
+VFN float vreduce_add(vf a) {
     float s = a[0];
     for (int i = 1; i < VW; ++i) s += a[i];
     return s;
 }
-static inline float vreduce_max(vf a) {
+VFN float vreduce_max(vf a) {
     float s = a[0];
     for (int i = 1; i < VW; ++i) s = a[i] > s ? a[i] : s;
     return s;
 }
-static inline vf vload(const float* p) { vf a; std::memcpy(&a, p, sizeof a); return a; }
-static inline void vstore(float* p, vf a) { std::memcpy(p, &a, sizeof a); }
-static inline vmask tail_mask(int64_t n) { return n >= VW ? VW : (vmask)n; }
-static inline vf vmaskz_loadu(vmask m, const float* p) {
+VFN vf vload(const float* p) { return *(const vfu*)p; }
+VFN void vstore(float* p, vf a) { *(vfu*)p = a; }
+VFN vmask tail_mask(int64_t n) { return n >= VW ? VW : (vmask)n; }
+VFN vf vmaskz_loadu(vmask m, const float* p) {
     if (m == VW) return vload(p);
     vf a{};
     std::memcpy(&a, p, m * sizeof(float));
     return a;
 }
-static inline void vmask_storeu(float* p, vmask m, vf a) {
+VFN void vmask_storeu(float* p, vmask m, vf a) {
     if (m == VW) vstore(p, a);
     else std::memcpy(p, &a, m * sizeof(float));
 }
-static inline vi vlanes(vmask m) {  // -1 in the lanes of m
+VFN vi vlanes(vmask m) {  // -1 in the lanes of m
     vi i;
     for (int l = 0; l < VW; ++l) i[l] = l;
     return i < m;
 }
-static inline vf vmask_add(vf src, vmask m, vf a, vf b) { return vlanes(m) ? a + b : src; }
-static inline vf vmask_max(vf src, vmask m, vf a, vf b) { return vlanes(m) ? vmax(a, b) : src; }
-static inline vf vmaskz_sub(vmask m, vf a, vf b) { return vlanes(m) ? a - b : vf{}; }
+VFN vf vmask_add(vf src, vmask m, vf a, vf b) { return vlanes(m) ? a + b : src; }
+VFN vf vmask_max(vf src, vmask m, vf a, vf b) { return vlanes(m) ? vmax(a, b) : src; }
+VFN vf vmaskz_sub(vmask m, vf a, vf b) { return vlanes(m) ? a - b : vf{}; }
 #endif
 
 static inline vf vexp(vf x) {

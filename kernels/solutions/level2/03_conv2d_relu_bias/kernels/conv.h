@@ -57,7 +57,7 @@ static inline void conv2d(float* y, const float* x, const float* w, int64_t B, i
             for (int64_t oh = 0; oh < OH; ++oh) {
                 const float* xr = x + n * Ci * H * W + oh * W;
                 for (int64_t p = 0; p < np; ++p) {
-                    int64_t nc = std::min(NR, OW - p * NR);
+                    int64_t nc = std::min<int64_t>(2 * VW, OW - p * NR);
                     vmask m0 = tail_mask(nc), m1 = nc > VW ? tail_mask(nc - VW) : 0;
                     for (int64_t k = 0; k < K; ++k) {
                         const float* src = xr + kofs[k] + p * NR;
@@ -70,7 +70,7 @@ static inline void conv2d(float* y, const float* x, const float* w, int64_t B, i
                     int64_t c0 = start(b), mr = start(b + 1) - c0;
                     for (int64_t p = 0; p < np; ++p) {
                         float* yp = y + n * Co * OH * OW + oh * OW + p * NR;
-                        int64_t nc = std::min(NR, OW - p * NR);
+                        int64_t nc = std::min<int64_t>(2 * VW, OW - p * NR);
                         switch (mr) {
 #define UK(R) case R: if constexpr (R <= MR) conv_ukernel<R>(K, ap + c0 * K, bp + p * K * NR, yp, OH * OW, c0, nc, epi); break;
                         UK(1) UK(2) UK(3) UK(4) UK(5) UK(6) UK(7) UK(8) UK(9) UK(10) UK(11) UK(12) UK(13) UK(14)

@@ -18,5 +18,5 @@ extern "C" void rmsnorm_linear(float* out, const float* x, const float* g, const
     auto epi = [=](vf v, int64_t, int64_t j, vmask m) {
         return vadd(v, vmaskz_loadu(m, bias + j));
     };
-    linear_gemm(x, w, out, M, K, N, epi, NoPost());
+    linear_gemm(x, w, out, M, K, N, epi, NoPost(), rs, g);
 }
