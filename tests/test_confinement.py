@@ -26,7 +26,7 @@ import pytest
 from hpc.config import SandboxConfig
 from hpc.sandbox import landlock, launch
 from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
-from tests.conftest import ROOT, RELU_TASK, TESTS
+from tests.conftest import RELU_TASK, ROOT, TESTS, cuda_available, make_fast_config
 
 SUPPORT = isolation_support()
 needs_landlock = pytest.mark.skipif(not landlock.abi_version(), reason="kernel without Landlock")
@@ -34,12 +34,13 @@ needs_pidns = pytest.mark.skipif(SUPPORT["pid_namespace"] is not True, reason="n
 needs_root = pytest.mark.skipif(not launch.can_switch_uid(), reason="needs a root harness")
 
 
-def attack_in_worker(tmp_path: Path, code: str, trusted: bool = False, **kw) -> str:
-    """Run `code` (which sets `result`) in a fresh worker; what it reported."""
+def attack_in_worker(tmp_path: Path, code: str, trusted: bool = False, backend: str = "cpu", **kw) -> str:
+    """Run `code` (which sets `result`) in a fresh worker; what it reported. `backend` picks the
+    seccomp profile (cuda: the gpu profile); the worker itself runs on the CPU."""
     task = tmp_path / f"attack_{uuid.uuid4().hex[:8]}.py"
     task.write_text(f"{code}\nraise RuntimeError('RESULT<' + str(result) + '>')\n")
     work = tmp_path / "work"
-    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu", readable=(task,),
+    with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), backend, readable=(task,),
                           trusted=trusted, **kw) as proc:
         with pytest.raises(SandboxError) as err:
             proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
@@ -157,6 +158,32 @@ except OSError as e:
     result = f'refused {{e.errno}}'
 """)
     assert "refused 13" in out and not accepted
+
+
+def test_a_gpu_worker_opens_unix_sockets_but_reaches_no_host_socket(tmp_path):
+    """The gpu profile: the CUDA driver's socket() works, its connect() to the MPS daemon finds
+    nothing (as on a machine without MPS), and no send can carry an address."""
+    with unix_server(tmp_path) as (path, accepted):
+        out = attack_in_worker(tmp_path, f"""
+import socket
+got = {{}}
+def attempt(name, fn):
+    try:
+        fn()
+        got[name] = 'allowed'
+    except OSError as e:
+        got[name] = e.errno
+s = socket.socket(socket.AF_UNIX)
+attempt('connect', lambda: s.connect({path!r}))
+d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+attempt('sendto', lambda: d.sendto(b'x', {path!r}))
+attempt('sendmsg', lambda: d.sendmsg([b'x'], [], 0, {path!r}))
+a, b = socket.socketpair()
+attempt('pair', lambda: a.send(b'x') and b.recv(1))
+result = got
+""", backend="cuda")
+    assert "'connect': 2" in out and "'sendto': 13" in out and "'sendmsg': 13" in out, out
+    assert "'pair': 'allowed'" in out and not accepted
 
 
 def test_a_trusted_worker_may_open_unix_sockets(tmp_path):
@@ -312,7 +339,8 @@ KERNEL_ATTACK = r"""
 static void attack() {
 %s
 }
-
+"""
+CPU_RELU = r"""
 extern "C" void relu(float* out, const float* x, int64_t n) {
     attack();
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] > 0.f ? x[i] : 0.f;
@@ -329,11 +357,19 @@ READ_AND_DIE = r"""
 """
 
 
-def _attacking_candidate(tmp_path: Path, body: str) -> Path:
+def _attacking_candidate(tmp_path: Path, body: str, backend: str) -> Path:
+    """The honest relu workdir whose kernel host code runs `body` first on every call."""
     work = tmp_path / f"candidate-{uuid.uuid4().hex[:8]}"
     shutil.copytree(TESTS / "fixtures" / "honest_relu", work)
-    (work / "kernels" / "relu.cu").unlink()
-    (work / "kernels" / "relu.cpp").write_text(KERNEL_ATTACK % body)
+    kernels = work / "kernels"
+    if backend == "cpu":
+        (kernels / "relu.cu").unlink()
+        (kernels / "relu.cpp").write_text(KERNEL_ATTACK % body + CPU_RELU)
+    else:
+        launch = "cudaStream_t stream) {"
+        honest = (kernels / "relu.cu").read_text().replace(launch, launch + "\n    attack();")
+        (kernels / "relu.cpp").unlink()
+        (kernels / "relu.cu").write_text(KERNEL_ATTACK % body + honest)
     return work
 
 
@@ -350,21 +386,38 @@ def _record_text(rec) -> str:
     return " ".join(str(v) for k, v in vars(rec).items() if k != "candidate_source")
 
 
-def test_kernel_host_code_cannot_read_a_shipped_solution(tmp_path, fast_config):
+BACKENDS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def config(request, fast_config, cache_dir):
+    """The evaluator's test config on the parametrized backend (cuda only where there is a GPU)."""
+    if request.param == "cpu":
+        return fast_config
+    if not cuda_available():
+        pytest.skip("needs a CUDA device")
+    return make_fast_config(cache_dir, "cuda")
+
+
+@pytest.mark.parametrize("config", BACKENDS, indirect=True)
+def test_kernel_host_code_cannot_read_a_shipped_solution(tmp_path, config):
     secret = tmp_path / "solutions" / "model_new.py"
     secret.parent.mkdir()
     secret.write_text("SHIPPED-SOLUTION-SECRET")
-    rec = _evaluate(_attacking_candidate(tmp_path, READ_AND_DIE % secret), fast_config)
+    rec = _evaluate(_attacking_candidate(tmp_path, READ_AND_DIE % secret, config.backend), config)
     assert "ATTACK-RAN open errno=13" in rec.reason, rec.reason
     assert "SHIPPED-SOLUTION-SECRET" not in _record_text(rec)
 
 
-def test_kernel_host_code_cannot_read_the_harness_environment(tmp_path, fast_config):
-    rec = _evaluate(_attacking_candidate(tmp_path, READ_AND_DIE % f"/proc/{os.getpid()}/environ"), fast_config)
+@pytest.mark.parametrize("config", BACKENDS, indirect=True)
+def test_kernel_host_code_cannot_read_the_harness_environment(tmp_path, config):
+    attack = READ_AND_DIE % f"/proc/{os.getpid()}/environ"
+    rec = _evaluate(_attacking_candidate(tmp_path, attack, config.backend), config)
     assert "ATTACK-RAN open errno=" in rec.reason and "ATTACK-RAN LEAK" not in _record_text(rec), rec.reason
 
 
-def test_kernel_host_code_cannot_reach_a_host_unix_socket(tmp_path, fast_config):
+@pytest.mark.parametrize("config", BACKENDS, indirect=True)
+def test_kernel_host_code_cannot_reach_a_host_unix_socket(tmp_path, config):
     body = r"""
     int s = socket(AF_UNIX, SOCK_STREAM, 0);
     if (s < 0) { fprintf(stderr, "ATTACK-RAN socket errno=%%d\n", errno); abort(); }
@@ -376,12 +429,15 @@ def test_kernel_host_code_cannot_reach_a_host_unix_socket(tmp_path, fast_config)
     abort();
 """
     with unix_server(tmp_path) as (path, accepted):
-        rec = _evaluate(_attacking_candidate(tmp_path, body % path), fast_config)
-    assert "ATTACK-RAN socket errno=13" in rec.reason, rec.reason
+        rec = _evaluate(_attacking_candidate(tmp_path, body % path, config.backend), config)
+    # off the GPU there is no AF_UNIX socket at all; on it (the CUDA driver needs one) connect finds nothing
+    expected = "socket errno=13" if config.backend == "cpu" else "connect rc=-1 errno=2"
+    assert f"ATTACK-RAN {expected}" in rec.reason, rec.reason
     assert not accepted
 
 
-def test_a_daemon_started_by_kernel_code_does_not_outlive_the_evaluation(tmp_path, fast_config):
+@pytest.mark.parametrize("config", BACKENDS, indirect=True)
+def test_a_daemon_started_by_kernel_code_does_not_outlive_the_evaluation(tmp_path, config):
     marker = f"{3000 + uuid.uuid4().int % 1000}.{uuid.uuid4().int % 10**9}"
     body = r"""
     static bool done = false;
@@ -393,7 +449,7 @@ def test_a_daemon_started_by_kernel_code_does_not_outlive_the_evaluation(tmp_pat
         _exit(0);
     }
 """ % marker
-    rec = _evaluate(_attacking_candidate(tmp_path, body), fast_config)
+    rec = _evaluate(_attacking_candidate(tmp_path, body, config.backend), config)
     assert rec.compiled, rec.reason
     deadline = time.monotonic() + 5
     while host_processes_with(marker) and time.monotonic() < deadline:

@@ -182,10 +182,7 @@ def _too_large(max_bytes: int) -> str:
 def toolchain_readable(toolchain: Toolchain) -> list[str]:
     """What the compiler reads beyond the system: its own folder, CUDA, the -I/-L/-isystem folders
     of the toolchain's flags and the include and library paths of the environment."""
-    paths = []
-    compiler = shutil.which(toolchain.compiler)
-    if compiler:
-        paths.append(str(Path(os.path.realpath(compiler)).parent.parent))
+    paths = launch.tool_readable(toolchain.compiler)
     for key in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(key):
             paths.append(os.environ[key])

@@ -19,10 +19,10 @@ from dataclasses import asdict
 import torch
 
 from hpc.config import EvalConfig
-from hpc.profile.timing import (CALIBRATION_WARMUP, Call, Failure, LoopResult, calibration_calls, run_calls,
-                                stop_program)
+from hpc.profile.timing import (CALIBRATION_WARMUP, Call, Failure, LoopResult, calibration_calls, modified_input,
+                                run_calls, stop_program)
 from hpc.sandbox.exchange import (HEADER_BYTES, InputLayout, TensorSpec, align, map_fd, read_failure,
-                                  read_outputs, read_process_memory)
+                                  read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
@@ -154,28 +154,20 @@ class _HostAgent:
             ctypes.memset(self.flush_buffer, self.flushes & 0xFF, len(self.flush_buffer))
 
     def capture(self, index: int, call: Call) -> Failure | None:
-        base = index * self.per_call + align(self.layout.slot_bytes)
+        start = index * self.per_call
+        if call.check_inputs:
+            modified = modified_input(self.layout, lambda e: not torch.equal(
+                torch.frombuffer(self.slot, dtype=torch.uint8, count=e.nbytes, offset=e.offset),
+                torch.frombuffer(self.staging, dtype=torch.uint8, count=e.nbytes, offset=start + e.offset)))
+            if modified is not None:
+                return modified
+        base = start + align(self.layout.slot_bytes)
         try:
-            claims = read_outputs(self.header)
-            if len(claims) != len(self.outputs):
-                raise ValueError(f"returned {len(claims)} outputs, expected {len(self.outputs)}")
-            for k, (claim, o) in enumerate(zip(claims, self.outputs)):
-                if claim.shape != o.shape:
-                    raise ValueError(f"output {k} has shape {claim.shape}, expected {o.shape}")
-                if claim.dtype != o.dtype:
-                    raise ValueError(f"output {k} has dtype {claim.dtype}, expected {o.dtype}")
+            for claim, o in zip(validated_outputs(read_outputs(self.header), self.outputs), self.outputs):
                 if o.nbytes:
                     read_process_memory(self.pid, claim.address, self.staging[base + o.offset:base + o.offset + o.nbytes])
         except (ValueError, OSError) as e:
             return Failure("correctness", f"the program's outputs could not be read: {e}")
-        if call.check_inputs:
-            start = index * self.per_call
-            for k, entry in enumerate(self.layout.entries):
-                if isinstance(entry, TensorSpec) and entry.nbytes and not torch.equal(
-                        torch.frombuffer(self.slot, dtype=torch.uint8, count=entry.nbytes, offset=entry.offset),
-                        torch.frombuffer(self.staging, dtype=torch.uint8, count=entry.nbytes,
-                                         offset=start + entry.offset)):
-                    return Failure("policy", f"forward modified its input {k} in place")
         return None
 
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]:

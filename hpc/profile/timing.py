@@ -31,9 +31,10 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
-from hpc.sandbox.exchange import DONE_FAILED, STOP, CallTimeout, ProgramGone, read_frame, send_frame
+from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, ProgramGone, TensorSpec, read_frame,
+                                  send_frame)
 
 PROTOCOL = "outside-1"     # part of every cached baseline's key: a new protocol re-measures them
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
@@ -69,6 +70,14 @@ class Failure:
     kind: str
     reason: str
     call: int = -1
+
+
+def modified_input(layout: InputLayout, differs: Callable[[TensorSpec], bool]) -> Failure | None:
+    """The first tensor input whose bytes in the slot `differs` from what the driver put there."""
+    for k, entry in enumerate(layout.entries):
+        if isinstance(entry, TensorSpec) and entry.nbytes and differs(entry):
+            return Failure("policy", f"forward modified its input {k} in place")
+    return None
 
 
 class Agent(Protocol):
@@ -171,6 +180,17 @@ def calibration_calls(timed: int) -> list[Call]:
 def figures_ms(times_ns: list[int], overhead_ns: float) -> list[float]:
     """Each timed call's figure: its outside-clock time less the handshake's fixed cost."""
     return [(t - overhead_ns) / 1e6 for t in times_ns]
+
+
+def bounded_figures(times_ns: list[int], overhead_ns: float, floor_ms: float) -> tuple[list[float], float]:
+    """The figures and the overhead taken off them. The overhead was measured before any candidate
+    code existed, so the candidate cannot inflate it; only noise (a busy host during calibration)
+    can, and if that takes the median below the hardware floor (`floor_ms`, NaN for none), the
+    outside-clock times themselves are the figures (overhead 0): an upper bound, never a rejection."""
+    figures = figures_ms(times_ns, overhead_ns)
+    if overhead_ns and figures and statistics.median(figures) < floor_ms:
+        return figures_ms(times_ns, 0.0), 0.0
+    return figures, overhead_ns
 
 
 MIN_FIGURE_MS = 1e-4   # a median at or below the handshake's cost is reported as this (0.1 us)

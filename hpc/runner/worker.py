@@ -22,14 +22,15 @@ from pathlib import Path
 import torch
 
 from hpc.config import CorrectnessConfig
-from hpc.profile.timing import POISON, Call, Failure, run_calls, stop_program
+from hpc.profile.timing import POISON, Call, Failure, modified_input, run_calls, stop_program
 from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, init_model, make_inputs
 from hpc.runner.op_monitor import OpMonitor
 from hpc.sandbox import cuda_ipc
 from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, ExchangeFds, InputLayout,
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
-                                  read_outputs, send_frame, set_spinning, write_failure, write_outputs)
+                                  read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
+                                  write_outputs)
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
 
@@ -185,7 +186,8 @@ class ReferenceWorker(_Worker):
         self.budget = int(msg["batch_bytes"])
         if self.device.type == "cuda":
             self.slot = cuda_ipc.DeviceBuffer(self.layout.slot_bytes, self.device)
-            return {"slot_handle": self.slot.export().hex()}
+            self.slot_handle = self.slot.export()
+            return {"slot_handle": self.slot_handle.hex()}
         self.slot_map = map_fd(self.fds.slot, self.layout.slot_bytes)
         self.staging_map = map_fd(self.fds.staging, int(msg["staging_bytes"]))
         self.staging = (torch.frombuffer(self.staging_map, dtype=torch.uint8) if self.staging_map is not None
@@ -299,6 +301,7 @@ class _DeviceAgent:
         self.flush_src = torch.empty(half, dtype=torch.uint8, device=ref.device) if ref.flush_bytes else None
         self.flush_dst = torch.empty(half, dtype=torch.uint8, device=ref.device) if ref.flush_bytes else None
         self.mappings = cuda_ipc.Mappings()
+        self.mappings.own(ref.slot_handle, ref.slot)   # an output may be a view of the inputs
         self.private = torch.empty(0, dtype=torch.uint8, device=ref.device)
         self.captured: dict[int, list[torch.Tensor]] = {}
         self.pending: Failure | None = None
@@ -338,8 +341,15 @@ class _DeviceAgent:
         self._wait()
 
     def capture(self, index: int, call: Call) -> Failure | None:
+        size = self.ref.layout.slot_bytes
+        if call.check_inputs:
+            private, slot = self.private[index * size:], self.ref.slot.tensor
+            modified = modified_input(self.ref.layout, lambda e: not torch.equal(
+                private[e.offset:e.offset + e.nbytes], slot[e.offset:e.offset + e.nbytes]))
+            if modified is not None:
+                return modified
         try:
-            claims = _validated(read_outputs(self.ref.header), self.ref.output_specs)
+            claims = validated_outputs(read_outputs(self.ref.header), self.ref.output_specs)
             copies = []
             with torch.cuda.stream(self.stream):
                 for o, claim in zip(self.ref.output_specs, claims):
@@ -349,9 +359,6 @@ class _DeviceAgent:
         except (ValueError, cuda_ipc.IpcError) as e:
             return Failure("correctness", f"the program's outputs could not be read: {e}")
         self.captured[index] = [c.view(getattr(torch, o.dtype)).view(o.shape) for c, o in zip(copies, self.ref.output_specs)]
-        if call.check_inputs:
-            size = self.ref.layout.slot_bytes
-            return _modified_input(self.ref.layout, self.private[index * size:], self.ref.slot.tensor)
         return None
 
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]:
@@ -365,27 +372,6 @@ class _DeviceAgent:
     def close(self) -> None:
         torch.cuda.synchronize(self.ref.device)
         self.mappings.close()
-
-
-def _validated(claims: list[OutputDescriptor], expected: list[TensorSpec]) -> list[OutputDescriptor]:
-    """The program's descriptors, if they describe outputs of the expected structure (ValueError)."""
-    if len(claims) != len(expected):
-        raise ValueError(f"returned {len(claims)} outputs, expected {len(expected)}")
-    for k, (c, e) in enumerate(zip(claims, expected)):
-        if c.shape != e.shape:
-            raise ValueError(f"output {k} has shape {c.shape}, expected {e.shape}")
-        if c.dtype != e.dtype:
-            raise ValueError(f"output {k} has dtype {c.dtype}, expected {e.dtype}")
-    return claims
-
-
-def _modified_input(layout: InputLayout, private: torch.Tensor, slot: torch.Tensor) -> Failure | None:
-    """The first tensor input whose slot bytes differ from what the reference wrote there."""
-    for k, entry in enumerate(layout.entries):
-        if isinstance(entry, TensorSpec) and not torch.equal(private[entry.offset:entry.offset + entry.nbytes],
-                                                             slot[entry.offset:entry.offset + entry.nbytes]):
-            return Failure("policy", f"forward modified its input {k} in place")
-    return None
 
 
 class _EmptyModel(torch.nn.Module):
@@ -415,7 +401,8 @@ class ProgramWorker(_Worker):
         if self.device.type == "cuda":
             self.mappings = cuda_ipc.Mappings()
             try:
-                slot = self.mappings.view(bytes.fromhex(msg["slot_handle"]), 0, self.layout.slot_bytes, self.device)
+                self.slot_handle = bytes.fromhex(msg["slot_handle"])
+                slot = self.mappings.view(self.slot_handle, 0, self.layout.slot_bytes, self.device)
             except (ValueError, cuda_ipc.IpcError) as e:
                 raise WorkerError(f"the input slot could not be mapped: {e}", "harness") from None
         else:
@@ -423,6 +410,7 @@ class ProgramWorker(_Worker):
             slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
                     else torch.empty(0, dtype=torch.uint8))
         self.inputs = _views(slot, self.layout)
+        self.inputs_base = slot.data_ptr()
         empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
                              for o in self.outputs], self.device)
         if msg.get("guarded"):   # a candidate's calls run through the guard: its cost is the handshake's
@@ -530,12 +518,21 @@ class ProgramWorker(_Worker):
         claims = []
         for t in outs:
             if self.device.type == "cuda" and t.numel():
-                handle, offset = cuda_ipc.handle_of(t)
+                handle, offset = self._handle_of(t)
                 claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), offset, handle))
             else:
                 claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), t.data_ptr() if t.numel() else 0))
         write_outputs(self.header, claims)
         self.kept = outs   # alive until the next call: the driver copies them out after this answer
+
+
+    def _handle_of(self, t: torch.Tensor) -> tuple[bytes, int]:
+        """The allocation an output lies in: the slot's own handle for a view of the inputs (CUDA
+        gives no handle for memory opened from another process), else its own allocation's."""
+        offset = t.data_ptr() - self.inputs_base
+        if 0 <= offset < self.layout.slot_bytes:
+            return self.slot_handle, offset
+        return cuda_ipc.handle_of(t)
 
 
 def _counted(model: torch.nn.Module, inputs: list) -> dict:

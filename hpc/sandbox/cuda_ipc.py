@@ -102,10 +102,16 @@ class DeviceBuffer:
 
 
 class Mappings:
-    """Allocations of another process opened by handle, each once, closed together."""
+    """Allocations of another process opened by handle, each once, closed together; and this
+    process's own exported buffers (`own`), which a handle may name too (a program that returns a
+    view of the input slot: CUDA cannot open a handle in the process that made it)."""
 
     def __init__(self):
         self._open: dict[bytes, tuple[int, int]] = {}
+        self._own: dict[bytes, DeviceBuffer] = {}
+
+    def own(self, handle: bytes, buffer: DeviceBuffer) -> None:
+        self._own[handle] = buffer
 
     def view(self, handle: bytes, offset: int, nbytes: int, device: torch.device) -> torch.Tensor:
         """`nbytes` at `offset` of the allocation `handle` names, as uint8 (IpcError if outside it)."""
@@ -113,6 +119,11 @@ class Mappings:
             return torch.empty(0, dtype=torch.uint8, device=device)
         if len(handle) != _HANDLE_BYTES:
             raise IpcError("malformed handle")
+        if handle in self._own:
+            buffer = self._own[handle]
+            if offset < 0 or offset + nbytes > buffer.nbytes:
+                raise IpcError(f"claims {nbytes} bytes at offset {offset} of a {buffer.nbytes}-byte allocation")
+            return buffer.tensor[offset:offset + nbytes]
         if handle not in self._open:
             torch.cuda.synchronize(device)   # torch's context exists and is current on this thread
             ptr = ctypes.c_uint64()

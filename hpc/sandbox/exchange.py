@@ -154,6 +154,18 @@ def read_outputs(header: mmap.mmap) -> list[OutputDescriptor]:
     return out
 
 
+def validated_outputs(claims: list[OutputDescriptor], expected: list[TensorSpec]) -> list[OutputDescriptor]:
+    """The program's descriptors, if they describe outputs of the expected structure (ValueError)."""
+    if len(claims) != len(expected):
+        raise ValueError(f"returned {len(claims)} outputs, expected {len(expected)}")
+    for k, (c, e) in enumerate(zip(claims, expected)):
+        if c.shape != e.shape:
+            raise ValueError(f"output {k} has shape {c.shape}, expected {e.shape}")
+        if c.dtype != e.dtype:
+            raise ValueError(f"output {k} has dtype {c.dtype}, expected {e.dtype}")
+    return claims
+
+
 def read_failure(header: mmap.mmap) -> tuple[str, str]:
     """(kind, message) the program wrote with its failed call."""
     _, length = _COUNT.unpack_from(header, 0)

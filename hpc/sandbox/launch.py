@@ -94,7 +94,7 @@ class Policy:
     readable: tuple[str, ...] | None = ()
     writable: tuple[str, ...] | None = ()
     network: bool = False                # False: an empty network namespace, no TCP (Landlock)
-    seccomp: str = "strict"              # strict | trusted (AF_UNIX sockets allowed) | off
+    seccomp: str = "strict"              # strict | gpu | trusted (seccomp.py says what each allows) | off
     uid: int | None = None               # a root harness runs the program as this uid (and gid)
     limits: Limits = field(default_factory=Limits)
     pass_fds: tuple[int, ...] = ()       # stay open in the program under the same numbers
@@ -264,6 +264,23 @@ def python_readable() -> list[str]:
     if os.environ.get("CUDA_HOME"):
         extra.append(os.environ["CUDA_HOME"])
     return [p for p in [*sorted(paths), *extra] if os.path.exists(p)]
+
+
+def tool_readable(*names: str) -> list[str]:
+    """The install folders (the parent of bin/) of the named programs found on PATH: what a
+    compiler needs beside the system (its cc1plus, headers and libraries under /opt/gcc, say)."""
+    found = []
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            found.append(os.path.dirname(os.path.dirname(os.path.realpath(path))))
+    return [p for p in dict.fromkeys(found) if p != "/"]
+
+
+def inline_compilers() -> tuple[str, ...]:
+    """What torch.utils.cpp_extension.load_inline runs in a program: the C++ compiler it picks
+    (CXX, else c++) and nvcc."""
+    return (os.environ.get("CXX", "c++"), "nvcc")
 
 
 _path_dir: str | None = None

@@ -51,11 +51,12 @@ def isolation_support() -> dict[str, object]:
 
 
 def seccomp_profile(trusted: bool, backend: str) -> str:
-    """strict (no AF_UNIX sockets) for an untrusted program off the GPU. The CUDA driver creates
-    AF_UNIX sockets at init and fails (error 304) when it cannot, so a program on the GPU keeps them
-    (seen on the H200, 2026-12-02): there a host's pathname sockets are reachable as far as the
-    program's uid may write them (docs/security.md)."""
-    return "strict" if not trusted and backend != "cuda" else "trusted"
+    """strict (no AF_UNIX sockets) for an untrusted program off the GPU; gpu (sockets, but no
+    connect and no addressed send) on it, since the CUDA driver fails at init without an AF_UNIX
+    socket (error 304, seen on the H200 2026-12-02); trusted for the harness's own programs."""
+    if trusted:
+        return "trusted"
+    return "gpu" if backend == "cuda" else "strict"
 
 
 def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: list[str], writable: list[str],
@@ -63,7 +64,8 @@ def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: lis
                   ) -> launch.Policy:
     """How a worker (or a test standing for one) is confined; hands `workdir` and `writable` to
     the uid it will run as."""
-    readable = [*launch.python_readable(), str(workdir), *readable]
+    readable = [*launch.python_readable(), *launch.tool_readable(*launch.inline_compilers()), str(workdir),
+                *readable]
     writable = [str(workdir), *writable]
     uid = launch.run_as(cfg.run_as_uid, readable, writable)
     if join is not None and join.isolation.get("uid") == 0:

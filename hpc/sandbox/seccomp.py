@@ -1,16 +1,22 @@
 """A small seccomp filter, its BPF written by hand: the syscalls a confined process may not make.
 
-Hand-written rather than a library: the filter is a deny list of about thirty syscalls, one
-argument check (socket's domain) and one flag check (clone's namespace flags), under a hundred
-BPF instructions. libseccomp's own Python binding has no PyPI wheels; pyseccomp (ctypes over the
+Hand-written rather than a library: the filter is a deny list of about thirty syscalls, a few
+argument checks (socket's domain, sendto's address) and one flag check (clone's namespace flags),
+under a hundred BPF instructions. libseccomp's own Python binding has no PyPI wheels; pyseccomp (ctypes over the
 system's libseccomp) is unmaintained since 2021, and the rest are forks or alphas. None would
 make this smaller or clearer, and each would add a C library to the sandbox's trusted base.
 
 What is denied, and why (everything else is allowed; Landlock, the namespaces, the uid and the
 rlimits do the rest):
-- socket(AF_UNIX, ...) -> EACCES (strict profile only): a pathname UNIX socket of the host
-  (a database, a container runtime, an agent) is reachable through the filesystem, and neither
+- socket(AF_UNIX, ...) -> EACCES (strict profile): a pathname UNIX socket of the host (a
+  database, a container runtime, an agent) is reachable through the filesystem, and neither
   Landlock nor a network namespace mediates connect() to it. socketpair() stays allowed.
+- gpu profile, for an untrusted program on the GPU: the CUDA driver creates an AF_UNIX socket at
+  init and fails (error 304) when it cannot, then connects to the MPS daemon's socket and goes on
+  without MPS when that answers ENOENT. So socket() is allowed and every way to address a socket
+  of the host is closed: connect() -> ENOENT (what the driver sees on a machine without MPS; the
+  network namespace has nothing else to reach), sendto() with an address -> EACCES, sendmsg() and
+  sendmmsg() -> EACCES (their address is in memory seccomp cannot read).
 - io_uring_setup/enter/register: io_uring's operations (connect, openat, ...) are not seen by
   seccomp, so they would bypass this filter.
 - ptrace, process_vm_readv/writev: reading or writing another process (Landlock scopes ptrace
@@ -33,7 +39,7 @@ import ctypes
 import errno
 import os
 
-PROFILES = ("strict", "trusted")
+PROFILES = ("strict", "gpu", "trusted")
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_BIT = 0x40000000
@@ -43,7 +49,8 @@ _CLONE_NEW = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0
 
 # name: (x86_64, aarch64)
 _SYSCALLS = {
-    "socket": (41, 198), "clone": (56, 220), "clone3": (435, 435),
+    "socket": (41, 198), "connect": (42, 203), "sendto": (44, 206), "sendmsg": (46, 211),
+    "sendmmsg": (307, 269), "clone": (56, 220), "clone3": (435, 435),
     "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
     "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
     "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
@@ -65,6 +72,7 @@ _DENIED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "p
 _LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16   # struct seccomp_data; arg0's low word (little-endian)
+_OFF_ARG4 = _OFF_ARG0 + 4 * 8
 _PR_SET_NO_NEW_PRIVS, _SYS_SECCOMP, _SET_MODE_FILTER = 38, {"x86_64": 317, "aarch64": 277}, 1
 
 
@@ -104,6 +112,13 @@ def program(profile: str, machine: str) -> list[tuple[int, int, int, int]]:
     if profile == "strict":
         prog += [(_JEQ, 0, 4, nr["socket"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ, 0, 1, _AF_UNIX),
                  ret_errno(errno.EACCES), (_RET, 0, 0, _RET_ALLOW)]
+    if profile == "gpu":
+        prog += [(_JEQ, 0, 1, nr["connect"]), ret_errno(errno.ENOENT)]
+        for name in ("sendmsg", "sendmmsg"):
+            prog += [(_JEQ, 0, 1, nr[name]), ret_errno(errno.EACCES)]
+        # sendto(fd, buf, len, flags, dest_addr, addrlen): denied when either word of dest_addr is set
+        prog += [(_JEQ, 0, 5, nr["sendto"]), (_LD_W_ABS, 0, 0, _OFF_ARG4), (_JEQ, 0, 2, 0),
+                 (_LD_W_ABS, 0, 0, _OFF_ARG4 + 4), (_JEQ, 1, 0, 0), ret_errno(errno.EACCES)]
     prog.append((_RET, 0, 0, _RET_ALLOW))
     return prog
 

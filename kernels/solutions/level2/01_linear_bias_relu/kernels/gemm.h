@@ -1,6 +1,6 @@
 // Packed fp32 GEMM: C[M,N] = A[M,K] B[K,N] with a fused per-element epilogue, MR x NR register tiles.
 // B is packed once into NR-column panels [N/NR][K][NR]; A is packed per block of <= MR rows [K][mr].
-// AVX-512: 32 columns x 14 rows (28 of the 32 registers); 8- or 4-wide vectors: 2 VW x 6 rows (12 of 16).
+// AVX-512: 32 columns x 14 rows (28 of its 32 registers); narrower vectors: 2 VW x 6 rows (12 of AVX2's 16).
 #pragma once
 #include "vmath.h"
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Conv2d (stride 1, no padding) as an implicit GEMM, one output row at a time:
 // rows = output channels (blocks of <= MR, weights packed [K][mr]), columns = output pixels of
 // the row, whose im2col slice is packed into NR-wide panels [K][NR] (stays in L1/L2).
-// AVX-512: 32 columns x 14 channels (28 of the 32 registers); 8- or 4-wide vectors: 2 VW x 6.
+// AVX-512: 32 columns x 14 channels (28 of its 32 registers); narrower vectors: 2 VW x 6 (12 of AVX2's 16).
 #pragma once
 #include "vmath.h"
 #include <algorithm>
@@ -57,7 +57,7 @@ static inline void conv2d(float* y, const float* x, const float* w, int64_t B, i
             for (int64_t oh = 0; oh < OH; ++oh) {
                 const float* xr = x + n * Ci * H * W + oh * W;
                 for (int64_t p = 0; p < np; ++p) {
-                    int64_t nc = std::min<int64_t>(2 * VW, OW - p * NR);
+                    int64_t nc = std::min(int64_t{NR}, OW - p * NR);
                     vmask m0 = tail_mask(nc), m1 = nc > VW ? tail_mask(nc - VW) : 0;
                     for (int64_t k = 0; k < K; ++k) {
                         const float* src = xr + kofs[k] + p * NR;
@@ -70,9 +70,10 @@ static inline void conv2d(float* y, const float* x, const float* w, int64_t B, i
                     int64_t c0 = start(b), mr = start(b + 1) - c0;
                     for (int64_t p = 0; p < np; ++p) {
                         float* yp = y + n * Co * OH * OW + oh * OW + p * NR;
-                        int64_t nc = std::min<int64_t>(2 * VW, OW - p * NR);
+                        int64_t nc = std::min(int64_t{NR}, OW - p * NR);
                         switch (mr) {
-#define UK(R) case R: if constexpr (R <= MR) conv_ukernel<R>(K, ap + c0 * K, bp + p * K * NR, yp, OH * OW, c0, nc, epi); break;
+#define UK(R) case R: if constexpr (R <= MR) \
+    conv_ukernel<R>(K, ap + c0 * K, bp + p * K * NR, yp, OH * OW, c0, nc, epi); break;
                         UK(1) UK(2) UK(3) UK(4) UK(5) UK(6) UK(7) UK(8) UK(9) UK(10) UK(11) UK(12) UK(13) UK(14)
 #undef UK
                         }

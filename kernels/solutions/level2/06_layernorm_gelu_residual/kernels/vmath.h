@@ -67,7 +67,7 @@ VFN vf vfnmadd(vf a, vf b, vf c) { return c - a * b; }
 VFN vf vmax(vf a, vf b) { return a > b ? a : b; }
 VFN vf vmin(vf a, vf b) { return a < b ? a : b; }
 VFN vf vabs(vf a) { return (vf)((vi)a & 0x7FFFFFFF); }
-VFN vf vround(vf a) {  // to nearest even, |a| < 2^22
+VFN vf vround(vf a) {  // to nearest even for |a| < 2^22 (the magic-number add; not under -ffast-math)
     const vf magic = vset1(12582912.f);  // 1.5 * 2^23
     return (a + magic) - magic;
 }
