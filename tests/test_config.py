@@ -45,7 +45,7 @@ def test_bad_config_names_the_key(tmp_path, text, key):
 
 
 def test_unreadable_and_invalid_yaml_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="cannot read"):
+    with pytest.raises(UserError, match="missing.yaml: no such file"):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("timing: [unclosed\n")

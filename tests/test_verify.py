@@ -54,6 +54,10 @@ def test_nan_where_the_reference_has_nan_is_fine_and_half_uses_its_tolerance():
     assert compare_outputs([h], [(h.float() + 5e-3).half()], CFG).ok
 
 
+@pytest.mark.parametrize("correct, se, sc, expected", [
+    (False, 10.0, 10.0, -1.0), (True, 1.0, 0.5, 1.0), (True, 1.04, 1.04, 1.0), (True, 1.06, 0.9, 2.0),
+    (True, 1.06, 1.06, 3.0), (True, 0.9, 1.2, 1.0),
+])
 def test_discrete_reward(correct, se, sc, expected):
     assert compute_reward(correct, se, sc, RewardConfig()) == expected
 
