@@ -8,6 +8,18 @@ kernels = load_kernels(__file__)
 GELU = 2
 
 
+def gemm_workspace(problems):
+    """Device scratch for wgmma.cuh's GEMMs run one after another on the stream (so they can share it): per
+    (a, m, n, k), B split into big and small halves, K-major, K padded to 32; A copied there too when the
+    tensor copy engine cannot read it in place (K % 4, alignment)."""
+    floats = 0
+    for a, m, n, k in problems:
+        kp = (k + 31) // 32 * 32
+        copy_a = k % 4 != 0 or a.data_ptr() % 16 != 0
+        floats = max(floats, (2 * n + (m if copy_a else 0)) * kp)
+    return torch.empty(floats, device=problems[0][0].device)
+
+
 class ModelNew(nn.Module):
     def __init__(self, dim, num_heads, mlp_ratio):
         super().__init__()
@@ -24,6 +36,8 @@ class ModelNew(nn.Module):
         b, t, d = x.shape
         h, m, hidden = self.num_heads, b * t, self.fc1.out_features
         x = x.contiguous()
+        if kernels.device == "cuda":
+            return self._forward_cuda(x)
         y = torch.empty(b, t, d)
         kernels.layernorm(y, x, self.ln1.weight, self.ln1.bias, m, d, self.ln1.eps)
         qkv = torch.empty(b, t, 3 * d)
@@ -37,4 +51,24 @@ class ModelNew(nn.Module):
         kernels.linear(g, y, self.fc1.weight, self.fc1.bias, m, d, hidden, GELU)
         out = torch.empty(b, t, d)
         kernels.linear_residual(out, g, self.fc2.weight, self.fc2.bias, x1, m, hidden, d)
+        return out
+
+    def _forward_cuda(self, x):
+        b, t, d = x.shape
+        h, m, hidden = self.num_heads, b * t, self.fc1.out_features
+        dev = x.device
+        y = torch.empty(b, t, d, device=dev)
+        qkv = torch.empty(b, t, 3 * d, device=dev)
+        att = torch.empty(b, t, d, device=dev)
+        x1 = torch.empty(b, t, d, device=dev)
+        g = torch.empty(b, t, hidden, device=dev)
+        out = torch.empty(b, t, d, device=dev)
+        ws = gemm_workspace([(y, m, 3 * d, d), (att, m, d, d), (y, m, hidden, d), (g, m, d, hidden)])
+        kernels.layernorm(y, x, self.ln1.weight, self.ln1.bias, m, d, self.ln1.eps)
+        kernels.linear(qkv, y, self.qkv.weight, self.qkv.bias, ws, m, d, 3 * d, 0)
+        kernels.attention(att, qkv, b, t, h, d // h, 1.0 / math.sqrt(d // h))
+        kernels.linear_residual(x1, att, self.proj.weight, self.proj.bias, x, ws, m, d, d)
+        kernels.layernorm(y, x1, self.ln2.weight, self.ln2.bias, m, d, self.ln2.eps)
+        kernels.linear(g, y, self.fc1.weight, self.fc1.bias, ws, m, d, hidden, GELU)
+        kernels.linear_residual(out, g, self.fc2.weight, self.fc2.bias, x1, ws, m, hidden, d)
         return out
