@@ -1,6 +1,6 @@
 #include <cstdlib>
 #include <omp.h>
-#include "gemm.h"
+#include "sgemm_pack.h"
 using namespace gemm;
 
 // Threads share the packed A block and each owns a contiguous range of 32-column panels of C.

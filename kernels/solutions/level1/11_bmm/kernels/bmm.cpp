@@ -1,6 +1,6 @@
 #include <cstdlib>
 #include <omp.h>
-#include "gemm.h"
+#include "sgemm_pack.h"
 using namespace gemm;
 
 // One batch per thread at a time; each thread packs its own A and B blocks.

@@ -1,5 +1,5 @@
 // 3x3 same-padding convolution (im2col + GEMM with fused bias/ReLU) and 2x2 max pooling, NCHW.
-#include "gemm.h"
+#include "gemm_epi.h"
 #include <algorithm>
 #include <cstring>
 #include <omp.h>

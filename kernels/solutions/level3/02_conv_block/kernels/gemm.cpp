@@ -1,7 +1,7 @@
 // Blocked SGEMM: packed A (MR-row panels) and B (NR-column panels), 8x32 AVX-512 micro-kernel,
 // fused bias / activation / residual epilogue on the last K block.
-#include "gemm.h"
-#include "vmath.h"
+#include "gemm_epi.h"
+#include "vmath16.h"
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>

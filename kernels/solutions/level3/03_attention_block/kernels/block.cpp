@@ -1,6 +1,6 @@
 // LayerNorm, fused multi-head attention (QK^T -> softmax -> PV per batch/head) and linear + residual.
-#include "gemm.h"
-#include "vmath.h"
+#include "gemm_epi.h"
+#include "vmath16.h"
 #include <cfloat>
 #include <cmath>
 #include <vector>
