@@ -40,7 +40,7 @@ def repeated(task, candidate, cfg, repeats: int) -> list:
             raise SystemExit(f"evaluation {i} of {candidate.path} failed at {rec.failed_stage}: {rec.reason}")
         records.append(rec)
         print(f"  {candidate.path.name} #{i}: {rec.candidate_ms:.4f} ms (within-run CV {rec.candidate_cv:.4f}, "
-              f"host side {rec.candidate_host_ms:.4f} ms), eager {rec.eager_ms:.4f} ms (CV {rec.eager_cv:.4f}), "
+              f"handshake {rec.overhead_ms:.4f} ms), eager {rec.eager_ms:.4f} ms (CV {rec.eager_cv:.4f}), "
               f"{rec.wall_seconds:.1f} s {rec.stage_seconds}", flush=True)
     return records
 
@@ -83,7 +83,7 @@ def main() -> None:
         "hardware": solution[0].hardware, "date": time.strftime("%Y-%m-%d"), "repeats": args.repeats,
         "solution_ms": times, "solution_cv_across_runs": cv(times),
         "solution_cv_within_run_mean": statistics.mean(r.candidate_cv for r in solution),
-        "solution_host_ms": [r.candidate_host_ms for r in solution],
+        "solution_overhead_ms": [r.overhead_ms for r in solution],
         "eager_identical_speedup": ratios, "eager_identical_speedup_median": statistics.median(ratios),
         "wall_seconds": time.time() - started,
     }

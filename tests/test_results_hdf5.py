@@ -146,13 +146,14 @@ def test_a_version_1_file_reads_with_newer_columns_as_defaults_and_takes_no_appe
 
     path = tmp_path / "v1.h5"
     with ResultWriter(path) as w:
-        w.append(EvalRecord(task_id="level1/x", candidate_ms=2.0, candidate_host_ms=0.5))
+        w.append(EvalRecord(task_id="level1/x", candidate_ms=2.0, overhead_ms=0.5, stage_seconds="{}"))
     with h5py.File(path, "a") as f:
         f.attrs["schema_version"] = 1
         for name in ADDED_IN:
             del f[GROUP][name]
     (rec,) = read_records(path)
-    assert rec.task_id == "level1/x" and rec.candidate_ms == 2.0 and math.isnan(rec.candidate_host_ms)
+    assert rec.task_id == "level1/x" and rec.candidate_ms == 2.0 and math.isnan(rec.overhead_ms)
+    assert rec.stage_seconds == ""
     with pytest.raises(UserError, match="schema version 1; new results go to a new file"):
         ResultWriter(path)
 
