@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 from hpc.config import EvalConfig
-from hpc.hardware import device_name, versions
+from hpc.hardware import conditions, device_name, versions
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import PROTOCOL, TimingStats, figures_ms, timing_calls
 from hpc.sandbox.prestart import WorkerPair, start_pair
@@ -27,6 +27,7 @@ class Baseline:
     program: str           # eager | compile[:mode]
     stats: TimingStats
     cached: bool
+    conditions: dict       # hpc.hardware.conditions when it was measured
 
 
 def baseline_key(task: Task, program: str, cfg: EvalConfig) -> str:
@@ -50,17 +51,18 @@ def get_baselines(task: Task, cfg: EvalConfig, init_seed: int, lock: DeviceLock 
         path = cache / f"{baseline_key(task, program, cfg)}.json"
         if path.is_file():
             try:
-                out[program] = Baseline(program, TimingStats(**json.loads(path.read_text())["stats"]), True)
+                cached = json.loads(path.read_text())
+                out[program] = Baseline(program, TimingStats(**cached["stats"]), True, dict(cached["conditions"]))
                 continue
             except (ValueError, KeyError, TypeError):
                 path.unlink(missing_ok=True)
-        stats = measure_program(task, program, cfg, init_seed, lock)
+        stats, measured = measure_program(task, program, cfg, init_seed, lock)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"task": task.task_id, "program": program, "scale": cfg.scale,
                                    "hardware": device_name(cfg.backend), "versions": versions(),
-                                   "stats": dataclasses.asdict(stats)}))
+                                   "stats": dataclasses.asdict(stats), "conditions": measured}))
         tmp.replace(path)
-        out[program] = Baseline(program, stats, False)
+        out[program] = Baseline(program, stats, False, measured)
     return out
 
 
@@ -91,10 +93,10 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, loc
 
 
 def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock,
-                    pair: WorkerPair | None = None) -> TimingStats:
+                    pair: WorkerPair | None = None) -> tuple[TimingStats, dict]:
     """Time eager or torch.compile (`program`: eager | compile[:mode]) by the candidate's protocol in
-    a worker pair: a new one, or `pair` (one started for this; the caller closes it). SandboxError
-    when it cannot be timed."""
+    a worker pair: a new one, or `pair` (one started for this; the caller closes it); its figures
+    and the conditions they were taken in. SandboxError when it cannot be timed."""
     from hpc.profile.driver import PairDriver
 
     if pair is None:
@@ -116,7 +118,8 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
         driver.load({"program": name, "mode": mode or "default"})
     with lock.exclusive():
+        measured = conditions(cfg.backend, lock.beside())
         result = driver.run(timing_calls([draw() for _ in range(t.warmup + t.iterations)], t.warmup, set()))
     if result.failure is not None:
         raise SandboxError(f"{program} could not be timed: {result.failure.reason}", "error")
-    return TimingStats.of(figures_ms(result.times_ns, overhead_ns))
+    return TimingStats.of(figures_ms(result.times_ns, overhead_ns)), measured

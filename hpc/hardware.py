@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
 import subprocess
+import time
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,3 +40,44 @@ def versions() -> dict[str, str]:
 
     return {"hpc": hpc.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "cuda": str(torch.version.cuda)}
+
+
+def conditions(backend: str, beside: int) -> dict[str, object]:
+    """The conditions a measurement was taken in (its provenance): when, the host's load, how many
+    other evaluations ran on the device, and on cuda the GPU's clocks, temperature and power."""
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "loadavg_1m": round(os.getloadavg()[0], 2),
+            "beside": beside, **(gpu_state() if backend == "cuda" else {})}
+
+
+_NVML_CLOCK_SM, _NVML_CLOCK_MEM, _NVML_TEMPERATURE_GPU = 1, 2, 0
+
+
+@functools.lru_cache(maxsize=None)
+def _nvml() -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    return lib if lib.nvmlInit_v2() == 0 else None
+
+
+def gpu_state() -> dict[str, float]:
+    """SM and memory clocks (MHz), temperature (C) and power (W) of the timing GPU now, through
+    NVML; {} where NVML is missing. The GPU is CUDA_VISIBLE_DEVICES' first entry (an index), else 0."""
+    lib = _nvml()
+    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    if lib is None or not index.isdigit():
+        return {}
+    handle = ctypes.c_void_p()
+    if lib.nvmlDeviceGetHandleByIndex_v2(int(index), ctypes.byref(handle)) != 0:
+        return {}
+    state: dict[str, float] = {}
+    value = ctypes.c_uint()
+    for key, call, arg in (("sm_clock_mhz", lib.nvmlDeviceGetClockInfo, _NVML_CLOCK_SM),
+                           ("mem_clock_mhz", lib.nvmlDeviceGetClockInfo, _NVML_CLOCK_MEM),
+                           ("temperature_c", lib.nvmlDeviceGetTemperature, _NVML_TEMPERATURE_GPU)):
+        if call(handle, arg, ctypes.byref(value)) == 0:
+            state[key] = float(value.value)
+    if lib.nvmlDeviceGetPowerUsage(handle, ctypes.byref(value)) == 0:
+        state["power_w"] = value.value / 1000.0
+    return state

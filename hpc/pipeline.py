@@ -23,7 +23,7 @@ from hpc.baseline import get_baselines, task_cost
 from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig, config_to_dict
-from hpc.hardware import device_name, versions
+from hpc.hardware import conditions, device_name, versions
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, timing_calls
@@ -61,7 +61,8 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
         config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
     clock, lock = _StageClock(), DeviceLock(cfg.backend)
     try:
-        _run_stages(rec, task, candidate, cfg, stop_after, clock, lock)
+        with lock.active():   # counted as running beside other evaluations' timings
+            _run_stages(rec, task, candidate, cfg, stop_after, clock, lock)
     finally:
         rec.stage_seconds = json.dumps({**clock.seconds, **{k: round(v, 4) for k, v in lock.seconds.items()}})
     if rec.status == "failed":
@@ -127,6 +128,8 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
     rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
     rec.compile_ms, rec.compile_cv = compiled.median_ms, compiled.cv
     rec.baseline_cached = all(b.cached for b in baselines.values())
+    rec.conditions = json.dumps({**json.loads(rec.conditions or "{}"),
+                                 **{name: b.conditions for name, b in baselines.items()}})
     rec.speedup_eager = rec.eager_ms / rec.candidate_ms
     rec.speedup_compile = rec.compile_ms / rec.candidate_ms
     rec.reward = compute_reward(True, rec.speedup_eager, rec.speedup_compile, cfg.reward)
@@ -240,6 +243,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         stage = "timing"
         calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked))
         with lock.exclusive():
+            rec.conditions = json.dumps({"candidate": conditions(cfg.backend, lock.beside())})
             result = driver.run(calls)
         clock.mark("timing")
         if result.failure is not None:

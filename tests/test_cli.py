@@ -34,6 +34,10 @@ def test_eval_json_has_the_contract_fields_and_writes_hdf5(tmp_path, cache_dir):
     assert result["compiled"] and result["correct"] and result["reward"] >= 1
     [rec] = read_records(out)
     assert rec.reward == result["reward"] and rec.task_id == "level1/relu"
+    conditions = json.loads(rec.conditions)   # each timing's provenance
+    assert set(conditions) == {"candidate", "eager", "compile:default"}
+    for measured in conditions.values():
+        assert {"at", "loadavg_1m", "beside"} <= measured.keys() and measured["beside"] == 0
 
 
 def test_eval_of_a_failing_candidate_exits_one_and_keeps_its_record(tmp_path, cache_dir):

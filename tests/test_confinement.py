@@ -455,3 +455,18 @@ def test_a_daemon_started_by_kernel_code_does_not_outlive_the_evaluation(tmp_pat
     while host_processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert host_processes_with(marker) == []
+
+
+# -- priority ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_background_program_and_all_it_starts_run_at_idle_priority(tmp_path, background):
+    """Compiles run in the background: on a machine whose cores time another evaluation's calls,
+    they take only what the timed work leaves idle (issue 21)."""
+    rc, out = launch.run(["sh", "-c", "cat /proc/self/stat | cut -d' ' -f19,41; sh -c \"cut -d' ' -f41 /proc/self/stat\""],
+                         launch.Policy(background=background), cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"},
+                         timeout=30)
+    assert rc == 0, out
+    nice, policy, child_policy = out.split()
+    # field 19 is the nice value, field 41 the scheduling policy (5 = SCHED_IDLE)
+    assert (nice, policy, child_policy) == (("19", "5", "5") if background else ("0", "0", "0")), out

@@ -116,3 +116,17 @@ def test_a_cached_task_cost_is_read_while_a_timer_holds_the_device(tmp_path, fas
         release.set()
         thread.join()
     assert cost == {"flops": record.flops, "bytes": record.min_bytes}
+
+
+def test_evaluations_beside_are_counted_while_they_run_and_not_after(tmp_path):
+    mine, other = DeviceLock("cpu", tmp_path), DeviceLock("cpu", tmp_path)
+    assert mine.beside() == 0
+    with mine.active():
+        assert mine.beside() == 0 and other.beside() == 1
+        with other.active(), other.active():
+            assert mine.beside() == 2 and other.beside() == 1
+        assert mine.beside() == 0
+    # a holder that died leaves its file unlocked: not counted, and cleared
+    stale = tmp_path / "cpu.active" / "12345-1-0"
+    stale.touch()
+    assert mine.beside() == 0 and not stale.exists()

@@ -160,7 +160,7 @@ class _Confinement:
     def run(self, cmd: list[str], timeout: float) -> tuple[int, str]:
         writable = () if self.build is None else (str(self.build),)
         policy = launch.Policy(readable=(*self.readable, *writable), writable=writable, uid=self.uid,
-                               limits=launch.Limits(file_bytes=self.max_bytes))
+                               limits=launch.Limits(file_bytes=self.max_bytes), background=True)
         env = {k: os.environ[k] for k in _ENV_KEYS if k in os.environ}
         home = str(self.build or "/")
         env.update(TMPDIR=home, HOME=home)

@@ -6,6 +6,9 @@ device work holds `shared()`; a timed run holds `exclusive()`, which waits for t
 holders to finish and keeps new ones out until it is done (a turnstile gives timers priority).
 
 The locks are flock()s on per-host files, so they work across threads and processes alike.
+`active()` marks an evaluation as running on the device for as long as it holds a file of its own
+locked, so `beside()` can say how many others ran beside a measurement (a crashed holder's file is
+unlocked, and counted as nothing).
 Each DeviceLock object adds up how long its holders waited and how long it was held exclusively
 (`seconds`): with several evaluations on one device, that says whether the device's serial part
 (the timed runs) or the work around it bounds the rate.
@@ -14,8 +17,10 @@ Each DeviceLock object adds up how long its holders waited and how long it was h
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +49,9 @@ class DeviceLock:
         root.mkdir(parents=True, exist_ok=True)
         self.main = root / f"{name}.lock"
         self.turnstile = root / f"{name}.turnstile"
+        self.running = root / f"{name}.active"
         self.seconds = {"lock_wait_shared": 0.0, "lock_wait_exclusive": 0.0, "lock_held_exclusive": 0.0}
+        self._own: set[str] = set()
 
     @contextmanager
     def shared(self) -> Iterator[None]:
@@ -65,3 +72,41 @@ class DeviceLock:
                 yield
             finally:
                 self.seconds["lock_held_exclusive"] += time.monotonic() - got
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """This evaluation runs on the device until the block ends."""
+        self.running.mkdir(exist_ok=True)
+        name = f"{os.getpid()}-{threading.get_ident()}-{next(_serial)}"
+        fd = os.open(self.running / f".{name}", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(self.running / f".{name}", self.running / name)   # appears locked: never taken for stale
+        self._own.add(name)
+        try:
+            yield
+        finally:
+            self._own.discard(name)
+            (self.running / name).unlink(missing_ok=True)
+            os.close(fd)
+
+    def beside(self) -> int:
+        """How many evaluations other than this object's own run on the device now."""
+        count = 0
+        for path in self.running.glob("[!.]*") if self.running.is_dir() else ():
+            if path.name in self._own:
+                continue
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                path.unlink(missing_ok=True)   # nobody holds it: its evaluation has ended
+            except BlockingIOError:
+                count += 1
+            finally:
+                os.close(fd)
+        return count
+
+
+_serial = itertools.count()

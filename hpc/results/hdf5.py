@@ -34,10 +34,10 @@ import numpy as np
 from hpc.errors import UserError, shown
 from hpc.results.record import FIELDS, EvalRecord
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # columns newer than version 1: older files read them as defaults (version 3 also dropped
 # candidate_host_ms and host_check_ms, which the in-process clock measured)
-ADDED_IN = {"stage_seconds": 2, "overhead_ms": 3}
+ADDED_IN = {"stage_seconds": 2, "overhead_ms": 3, "conditions": 4}
 GROUP = "records"
 _STR = h5py.string_dtype("utf-8")
 _FLOATS = h5py.vlen_dtype(np.float64)

@@ -54,6 +54,7 @@ class EvalRecord:
     compile_ms: float = math.nan
     compile_cv: float = math.nan
     baseline_cached: bool = False
+    conditions: str = ""          # JSON {candidate | eager | compile:<mode>: when, load, evaluations beside, GPU}
     speedup_eager: float = math.nan
     speedup_compile: float = math.nan
     reward: float = math.nan

@@ -101,6 +101,7 @@ class Policy:
     join: int | None = None              # pidfd of a confined program whose PID namespace to share
     pid_namespace: bool = True           # False: the subreaper sweep alone (as where the kernel refuses one)
     landlock: bool = True
+    background: bool = False             # lowest CPU priority (SCHED_IDLE): never slows a timed run beside it
 
     def __post_init__(self):
         if self.seccomp not in (*seccomp.PROFILES, "off"):
@@ -177,7 +178,7 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
             "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock,
-            "pid_namespace": policy.pid_namespace}
+            "pid_namespace": policy.pid_namespace, "background": policy.background}
     status_r, status_w = os.pipe()
     fds = (*policy.pass_fds, status_w, *(() if policy.join is None else (policy.join,)))
     try:

@@ -278,7 +278,7 @@ class FilterChain:
     def _runtime(self, task: Task, seed: int, verdict: Verdict, pair: WorkerPair) -> None:
         t0 = self._enter("runtime", verdict)
         try:
-            stats = measure_program(task, "eager", self.eval, seed, self.lock, pair)
+            stats, _ = measure_program(task, "eager", self.eval, seed, self.lock, pair)
         except SandboxError as e:
             self._timed("runtime", verdict, t0)
             raise _Rejected("runtime", f"eager timing failed: {e.reason}") from None
