@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -82,3 +86,28 @@ def slurm():
         subprocess.run(["bash", str(script), "down", str(state)], env=env, capture_output=True, timeout=120)
         os.environ.pop("SLURM_CONF", None)
         shutil.rmtree(state, ignore_errors=True)
+
+
+@contextmanager
+def accepting(server: socket.socket) -> Iterator[list]:
+    """Accept connections on a bound socket in a thread while the block runs; yields the list of
+    those accepted (an attack test asserts it stays empty)."""
+    server.listen(1)
+    server.settimeout(0.2)
+    accepted: list = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set() and not accepted:
+            try:
+                accepted.append(server.accept())
+            except OSError:
+                pass
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield accepted
+    finally:
+        stop.set()
+        thread.join()
+        server.close()

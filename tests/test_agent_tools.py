@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 import uuid
 
@@ -25,7 +24,7 @@ from hpc.errors import UserError
 from hpc.sandbox.process import isolation_support
 from hpc.task import load_task
 from hpc.verify.static import source_defect
-from tests.conftest import ROOT, make_fast_config
+from tests.conftest import ROOT, accepting, make_fast_config
 
 TASK = ROOT / "kernels" / "tasks" / "level1" / "12_mean_dim.py"
 
@@ -244,27 +243,10 @@ def test_bash_reads_only_the_system_python_the_toolkit_and_the_episode(episode, 
 def test_bash_has_no_network(episode):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.2)
     port = server.getsockname()[1]
-    accepted, stop = [], threading.Event()
-
-    def accept():
-        while not stop.is_set() and not accepted:
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                pass
-
-    thread = threading.Thread(target=accept)
-    thread.start()
-    try:
+    with accepting(server) as accepted:
         connect = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)"
         episode.step(call("bash", command=f'python -c "{connect}" && echo connected || echo no-connection'))
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
     (event,) = last_events(episode)
     assert "no-connection" in event.observation and not accepted
 

@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ import pytest
 from hpc.config import SandboxConfig
 from hpc.sandbox import landlock, launch
 from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
-from tests.conftest import RELU_TASK, ROOT, TESTS, cuda_available, make_fast_config
+from tests.conftest import RELU_TASK, ROOT, TESTS, accepting, cuda_available, make_fast_config
 
 SUPPORT = isolation_support()
 needs_landlock = pytest.mark.skipif(not landlock.abi_version(), reason="kernel without Landlock")
@@ -125,25 +124,8 @@ def unix_server(tmp_path: Path) -> Iterator[tuple[str, list]]:
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
     os.chmod(path, 0o777)
-    server.listen(1)
-    server.settimeout(0.2)
-    accepted: list = []
-    stop = threading.Event()
-
-    def accept():
-        while not stop.is_set() and not accepted:
-            try:
-                accepted.append(server.accept())
-            except OSError:
-                pass
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
+    with accepting(server) as accepted:
         yield path, accepted
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
 
 
 def test_worker_cannot_connect_to_a_host_unix_socket(tmp_path):
