@@ -117,14 +117,17 @@ start_munge() {   # the standard socket, so every Slurm client finds it; an alre
 
 start_mariadb() {
     [ -f "$dir/run/mariadb.pid" ] && kill -0 "$(cat "$dir/run/mariadb.pid")" 2>/dev/null && return 0
+    # its temporary files in a folder of its own: the caller's TMPDIR may be private to root
+    mkdir -p "$dir/db/tmp"
     chown -R mysql:mysql "$dir/db"
     if [ ! -d "$dir/db/data/mysql" ]; then
         mkdir -p "$dir/db/data"
         chown mysql:mysql "$dir/db/data"
-        mariadb-install-db --user=mysql --datadir="$dir/db/data" --auth-root-authentication-method=socket \
-            >"$dir/log/mariadb-install.log" 2>&1
+        TMPDIR="$dir/db/tmp" mariadb-install-db --user=mysql --datadir="$dir/db/data" \
+            --auth-root-authentication-method=socket >"$dir/log/mariadb-install.log" 2>&1
     fi
-    (setsid mariadbd --user=mysql --datadir="$dir/db/data" --socket="$dir/db/mysqld.sock" \
+    (TMPDIR="$dir/db/tmp" setsid mariadbd --user=mysql --datadir="$dir/db/data" --tmpdir="$dir/db/tmp" \
+        --socket="$dir/db/mysqld.sock" \
         --pid-file="$dir/db/mariadb.pid" --port="${HPC_MARIADB_PORT:-13306}" --bind-address=127.0.0.1 \
         --log-error="$dir/log/mariadb.log" --skip-name-resolve </dev/null >/dev/null 2>&1 &)
     wait_for 60 mariadb mariadb --socket="$dir/db/mysqld.sock" -e "select 1"
