@@ -413,8 +413,8 @@ class ProgramWorker(_Worker):
         self.inputs_base = slot.data_ptr()
         empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
                              for o in self.outputs], self.device)
-        if msg.get("guarded"):   # a candidate's calls run through the guard: its cost is the handshake's
-            self.monitor = self._monitor(msg)
+        self.monitor = self._monitor(msg) if msg.get("guarded") else None
+        if self.monitor is not None:   # a candidate's calls run through the guard: its cost is the handshake's
             from hpc import runtime
 
             guard = ForwardGuard(empty, self.monitor, False, runtime.launch_count)
@@ -450,7 +450,7 @@ class ProgramWorker(_Worker):
     def _load_candidate(self, msg: dict):
         from hpc import runtime
 
-        monitor = getattr(self, "monitor", None) or self._monitor(msg)   # before any candidate code runs
+        monitor = self.monitor if self.monitor is not None else self._monitor(msg)   # before candidate code
         runtime.count_extension_calls()
         os.environ.update({str(k): str(v) for k, v in msg.get("environment", {}).items()})
         path = Path(msg["model_file"])
@@ -524,7 +524,6 @@ class ProgramWorker(_Worker):
                 claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), t.data_ptr() if t.numel() else 0))
         write_outputs(self.header, claims)
         self.kept = outs   # alive until the next call: the driver copies them out after this answer
-
 
     def _handle_of(self, t: torch.Tensor) -> tuple[bytes, int]:
         """The allocation an output lies in: the slot's own handle for a view of the inputs (CUDA
