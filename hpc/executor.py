@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -63,6 +65,50 @@ def watch_for_sigterm() -> threading.Event:
     return seen
 
 
+# Slurm states after which a job never runs again; any other state seen by squeue is a live job.
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE"})
+
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:|$)")
+
+
+def controller_state(job) -> str | None:
+    """The job's state as the Slurm controller sees it now, or None where it no longer lists it
+    (or the job is not a Slurm job). Accounting (sacct, which submitit reads) lags the controller and
+    shows a requeued task as ended for a moment; the controller does not."""
+    if not isinstance(job, submitit.SlurmJob):
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job.job_id), "-o", "%T"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    states = out.stdout.split()
+    return states[0] if out.returncode == 0 and states else None
+
+
+def finished(job) -> bool:
+    """True once an array task will not run again: submitit sees it done and the controller does not
+    hold it live (pending again after a requeue, running, completing)."""
+    if not job.done():
+        return False
+    if job.paths.result_pickle.exists():
+        return True
+    state = controller_state(job)
+    return state is None or state in ENDED
+
+
+def failure_reason(job, error: Exception) -> str:
+    """One line for an array task that ended without a result: its Slurm state where submitit gives
+    it, the last exception its log shows, and where the log is."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    parts = [ln for ln in lines if "(state:" in ln][:1]
+    log = job.stderr() or ""
+    raised = [ln.strip() for ln in log.splitlines() if EXCEPTION_LINE.match(ln.strip())]
+    parts.append(raised[-1] if raised else (lines[0] if lines else type(error).__name__))
+    return f"{'; '.join(parts)[:400]} (log: {job.paths.stderr})"
+
+
 def wait_for_array(jobs: list, label: str, describe: Callable[[dict], str], every: float) -> list[str]:
     """Wait for every array task: a bar at a terminal, a progress line every `every` seconds in a
     log, one line per finished task (`describe` of its result). Returns the ids of those that
@@ -71,13 +117,13 @@ def wait_for_array(jobs: list, label: str, describe: Callable[[dict], str], ever
     pending = list(jobs)
     with Progress(len(jobs), f"{label}: shards done", every_s=every) as progress:
         while pending:
-            for job in [j for j in pending if j.done()]:
+            for job in [j for j in pending if finished(j)]:
                 pending.remove(job)
                 try:
                     line = f"{label}: {describe(job.result())}"
                 except Exception as e:   # the array task's own failure
                     failed.append(job.job_id)
-                    line = f"{label}: array task {job.job_id} failed: {str(e).strip().splitlines()[-1][:300]}"
+                    line = f"{label}: array task {job.job_id} failed: {failure_reason(job, e)}"
                 progress.advance(line)
             if pending:
                 progress.tick()
