@@ -1,68 +1,76 @@
-"""What is measured once per task and cached: eager and torch.compile baselines, timed in a fresh
-worker pair by the candidate's protocol (hpc.profile.timing: inputs from the reference, the
-outside clock, the handshake's cost taken off), cached per task + scale + hardware + torch
-version + protocol; and the task's cost, its FLOPs and fewest bytes moved (per task + scale +
-torch version)."""
+"""The baselines' side of an evaluation, and the task's cost.
+
+Eager Model, each torch.compile mode and the empty program (the handshake alone) live in one
+trusted worker pair of their own, started for each evaluation and timed side by side with the
+candidate (hpc.profile.window). Nothing of a baseline's timing is carried from one evaluation to
+the next; what is kept is torch.compile's own compiled code (inductor's cache, in the cache folder,
+which only trusted processes may write) and the task's cost, its FLOPs and fewest bytes moved,
+counted once per task + scale + torch version.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
+import random
 import secrets
-from dataclasses import dataclass
+from pathlib import Path
 
 from hpc.config import EvalConfig
-from hpc.hardware import conditions, device_name, versions
+from hpc.hardware import conditions, versions
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.timing import PROTOCOL, TimingStats, figures_ms, timing_calls
+from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
+from hpc.profile.window import Entrant, handshake_ns, run_window
 from hpc.sandbox.prestart import WorkerPair, start_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 
-
-@dataclass
-class Baseline:
-    program: str           # eager | compile[:mode]
-    stats: TimingStats
-    cached: bool
-    conditions: dict       # hpc.hardware.conditions when it was measured
-
-
-def baseline_key(task: Task, program: str, cfg: EvalConfig) -> str:
-    t = cfg.timing
-    parts = [task.sha256, cfg.scale, cfg.backend, device_name(cfg.backend), versions()["torch"], program, PROTOCOL,
-             str((t.warmup, t.iterations, t.flush_cache, t.flush_bytes_cpu, t.flush_bytes_cuda, t.calibration_calls))]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+EMPTY = "empty"
 
 
 def baseline_programs(cfg: EvalConfig) -> list[str]:
     return ["eager"] + [f"compile:{m}" for m in cfg.baseline.compile_modes]
 
 
-def get_baselines(task: Task, cfg: EvalConfig, init_seed: int, lock: DeviceLock | None = None) -> dict[str, Baseline]:
-    """Eager and each torch.compile mode, from the cache or measured now (then cached)."""
-    lock = lock or DeviceLock(cfg.backend)
-    cache = cfg.cache_path() / "baselines"
-    cache.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Baseline] = {}
-    for program in baseline_programs(cfg):
-        path = cache / f"{baseline_key(task, program, cfg)}.json"
-        if path.is_file():
+def inductor_cache(cfg: EvalConfig) -> Path:
+    path = cfg.cache_path() / "inductor"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def start_baseline_pair(cfg: EvalConfig) -> WorkerPair:
+    """A trusted pair for the baselines, its program writing compiled code to the inductor cache."""
+    cache = inductor_cache(cfg)
+    return start_pair(cfg.sandbox, cfg.backend, writable=[cache], trusted=True,
+                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+
+
+def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_seed: int, lock: DeviceLock,
+                   programs: list[str]) -> None:
+    """Set the baselines' pair up for `task` and load `programs` in it (torch.compile compiles
+    here, holding the device shared, not inside the timed window). SandboxError when one fails."""
+    with lock.shared():
+        driver.setup(task, init_seed, probe_seed)
+        for program in programs:
+            name, _, mode = program.partition(":")
             try:
-                cached = json.loads(path.read_text())
-                out[program] = Baseline(program, TimingStats(**cached["stats"]), True, dict(cached["conditions"]))
-                continue
-            except (ValueError, KeyError, TypeError):
-                path.unlink(missing_ok=True)
-        stats, measured = measure_program(task, program, cfg, init_seed, lock)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"task": task.task_id, "program": program, "scale": cfg.scale,
-                                   "hardware": device_name(cfg.backend), "versions": versions(),
-                                   "stats": dataclasses.asdict(stats), "conditions": measured}))
-        tmp.replace(path)
-        out[program] = Baseline(program, stats, False, measured)
+                driver.load({"program": name, "mode": mode or "default"})
+            except SandboxError as e:
+                raise SandboxError(f"{program} could not be loaded: {e.reason}", "error") from None
+
+
+def baseline_entrants(driver, cfg: EvalConfig, programs: list[str]) -> list[Entrant]:
+    """The window's entrants from the baselines' pair: each program in `programs` with as many
+    calls as the candidate (inputs from seeds drawn here), and the empty program."""
+    rng = secrets.SystemRandom()
+    t = cfg.timing
+    out = []
+    for program in programs:
+        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + t.iterations)], t.warmup, set())
+        out.append(Entrant(program, driver, program, calls[:t.warmup], calls[t.warmup:]))
+    empty = calibration_calls(t.calibration_calls)
+    out.append(Entrant(EMPTY, driver, EMPTY, empty[:CALIBRATION_WARMUP], empty[CALIBRATION_WARMUP:]))
     return out
 
 
@@ -94,32 +102,25 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, loc
 
 def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, lock: DeviceLock,
                     pair: WorkerPair | None = None) -> tuple[TimingStats, dict]:
-    """Time eager or torch.compile (`program`: eager | compile[:mode]) by the candidate's protocol in
-    a worker pair: a new one, or `pair` (one started for this; the caller closes it); its figures
-    and the conditions they were taken in. SandboxError when it cannot be timed."""
+    """Time eager or torch.compile (`program`: eager | compile[:mode]) alone, beside the empty
+    program, in a worker pair: a new one, or `pair` (one started for this; the caller closes it);
+    its figures and the conditions they were taken in. SandboxError when it cannot be timed."""
     from hpc.profile.driver import PairDriver
 
+    program = "compile:default" if program == "compile" else program
     if pair is None:
-        fresh = start_pair(cfg.sandbox, cfg.backend, trusted=True)
+        fresh = start_baseline_pair(cfg)
         try:
             return measure_program(task, program, cfg, init_seed, lock, fresh)
         finally:
             fresh.kill()
             fresh.close()
-    rng = secrets.SystemRandom()
-    draw = lambda: rng.randrange(1 << 62)   # noqa: E731
-    name, _, mode = program.partition(":")
     driver = PairDriver(pair, cfg)
-    t = cfg.timing
-    with lock.shared():
-        driver.setup(task, init_seed, draw())
-    with lock.exclusive():
-        overhead_ns = driver.calibrate()
-    with lock.shared():   # torch.compile compiles here, not inside the exclusive timing
-        driver.load({"program": name, "mode": mode or "default"})
+    load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
     with lock.exclusive():
         measured = conditions(cfg.backend, lock.beside())
-        result = driver.run(timing_calls([draw() for _ in range(t.warmup + t.iterations)], t.warmup, set()))
-    if result.failure is not None:
-        raise SandboxError(f"{program} could not be timed: {result.failure.reason}", "error")
-    return TimingStats.of(figures_ms(result.times_ns, overhead_ns)), measured
+        window = run_window(baseline_entrants(driver, cfg, [program]), cfg.timing.rounds, random.SystemRandom())
+    if window.failure is not None:
+        raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", "error")
+    overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])
+    return TimingStats.of(figures_ms(window.times_ns[program], overhead_ns)), measured

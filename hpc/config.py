@@ -42,6 +42,7 @@ class TimingConfig:
     flush_bytes_cpu: int = 32 << 20
     flush_bytes_cuda: int = 256 << 20
     calibration_calls: int = 30           # timed calls of the empty program: the handshake's fixed cost
+    rounds: int = 10                      # the window's rounds: each times a share of every program's calls
     handshake: str = "auto"               # spin | block | auto (spin on cuda with 8+ cores, else block)
     batch_mb_cpu: int = 512               # inputs made ahead (and outputs copied out) per batch of calls
     batch_mb_cuda: int = 4096
@@ -141,7 +142,7 @@ class EvalConfig:
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
         positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
-                    "timing.calibration_calls": self.timing.calibration_calls,
+                    "timing.calibration_calls": self.timing.calibration_calls, "timing.rounds": self.timing.rounds,
                     "timing.batch_mb_cpu": self.timing.batch_mb_cpu, "timing.batch_mb_cuda": self.timing.batch_mb_cuda,
                     "compile.timeout_s": self.compile.timeout_s, "compile.max_library_mb": self.compile.max_library_mb}
         for key, value in positive.items():

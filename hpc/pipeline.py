@@ -1,32 +1,39 @@
-"""Evaluate one candidate on one task: static -> compile -> load -> correctness -> timing -> baseline -> reward.
+"""Evaluate one candidate on one task: static -> compile -> load -> correctness -> timing -> reward.
 
 The harness (this process) never imports task or candidate code. The reference (the task's code,
 trusted) and the candidate each run in their own sandboxed process; every input the candidate sees
 is made by the reference from seeds only the two trusted processes know, every output is checked
 outside the candidate's process, and every time is read on a clock outside it
-(hpc.profile.timing). Every stage that fails leaves a named reason in the record.
+(hpc.profile.timing). The candidate is timed side by side with eager and torch.compile, which run
+in a trusted pair of their own (hpc.baseline, hpc.profile.window). Every stage that fails leaves a
+named reason in the record.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import random
 import secrets
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.baseline import get_baselines, task_cost
+from hpc.baseline import (EMPTY, baseline_entrants, baseline_programs, load_baselines, start_baseline_pair,
+                          task_cost)
 from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver
-from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, timing_calls
+from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
+from hpc.profile.window import Entrant, EntrantError, handshake_ns, run_window
 from hpc.results.record import EvalRecord
 from hpc.runner.op_monitor import op_monitor_library
 from hpc.reward import compute_reward
@@ -111,28 +118,30 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         clock.mark("compile")
         if rec.failed_stage:
             return
-        if not _run_processes(rec, task, candidate, cfg, pair, model_file, env, seeds, lock, stop_after, clock):
+        baselines = None
+        if stop_after == "reward":   # the baselines' pair starts while the candidate loads and is checked
+            starter = ThreadPoolExecutor(1, thread_name_prefix="baselines")
+            baselines = starter.submit(start_baseline_pair, cfg)
+            stack.callback(_end_pair, baselines)
+            stack.callback(starter.shutdown, wait=False)
+        if not _run_processes(rec, task, candidate, cfg, pair, model_file, env, seeds, lock, stop_after, clock,
+                              baselines):
             return
         clock.mark("cost")
     clock.mark("shutdown")
-    try:
-        baselines = get_baselines(task, cfg, seeds.init, lock)
-    except SandboxError as e:
-        rec.fail("baseline", f"baseline failed: {e.reason}", "error")
-        return
-    finally:
-        clock.mark("baseline")
-    eager = baselines["eager"].stats
-    compiled = min((b.stats for name, b in baselines.items() if name.startswith("compile")),
-                   key=lambda s: s.median_ms)
-    rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
-    rec.compile_ms, rec.compile_cv = compiled.median_ms, compiled.cv
-    rec.baseline_cached = all(b.cached for b in baselines.values())
-    rec.conditions = json.dumps({**json.loads(rec.conditions or "{}"),
-                                 **{name: b.conditions for name, b in baselines.items()}})
     rec.speedup_eager = rec.eager_ms / rec.candidate_ms
     rec.speedup_compile = rec.compile_ms / rec.candidate_ms
     rec.reward = compute_reward(True, rec.speedup_eager, rec.speedup_compile, cfg.reward)
+
+
+def _end_pair(starting: Future) -> None:
+    """End the baselines' pair once it has started (or failed to)."""
+    try:
+        pair = starting.result()
+    except (SandboxError, OSError):
+        return
+    pair.kill()
+    pair.close()
 
 
 def _extension_dir(candidate: Candidate, cfg: EvalConfig) -> list[Path]:
@@ -201,9 +210,10 @@ class Seeds:
 
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
                    model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: str,
-                   clock: _StageClock) -> bool:
-    """Load, correctness and timing in the pair's two processes. False when a stage failed or
-    `stop_after` ended the evaluation."""
+                   clock: _StageClock, baselines: Future | None) -> bool:
+    """Load and correctness in the pair's two processes, then the window that times the candidate
+    beside the baselines' pair (`baselines`, starting). False when a stage failed or `stop_after`
+    ended the evaluation."""
     driver = PairDriver(pair, cfg)
     rec.isolation = json.dumps(pair.program.isolation)
     stage = "load"
@@ -212,13 +222,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         guard = {"op_monitor": str(monitor), "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
                                                           "require_custom_kernel": cfg.policy.require_custom_kernel}}
         with lock.shared():
-            driver.setup(task, seeds.init, seeds.probe, guard)
-        overhead_ns = 0.0
-        if stop_after == "reward":   # timed later: the handshake's cost, before any candidate code exists
-            with lock.exclusive():
-                overhead_ns = driver.calibrate()
-            rec.overhead_ms = overhead_ns / 1e6
-        with lock.shared():
+            driver.setup(task, seeds.init, seeds.probe)
             driver.load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
         rec.compiled = True
         clock.mark("load")
@@ -240,17 +244,39 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         rec.correct = True
         if stop_after == "correctness":
             return False
+        stage = "baseline"
+        programs = baseline_programs(cfg)
+        try:
+            baseline_driver = PairDriver(baselines.result(), cfg)
+            load_baselines(baseline_driver, task, cfg, seeds.init, seeds.probe, lock, programs)
+        except SandboxError as e:
+            rec.fail("baseline", f"baseline failed: {e.reason}", "error")
+            return False
+        clock.mark("baseline")
         stage = "timing"
         calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked))
-        with lock.exclusive():
-            rec.conditions = json.dumps({"candidate": conditions(cfg.backend, lock.beside())})
-            result = driver.run(calls)
+        warmup = cfg.timing.warmup
+        entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:]),
+                    *baseline_entrants(baseline_driver, cfg, programs)]
+        try:
+            with lock.exclusive():
+                measured = conditions(cfg.backend, lock.beside())
+                window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+        except EntrantError as e:
+            if e.name == "candidate":
+                raise e.error from None
+            rec.fail("baseline", f"baseline failed: {e}", "error")
+            return False
         clock.mark("timing")
-        if result.failure is not None:
-            failure = result.failure
+        rec.conditions = json.dumps({name: measured for name in ["candidate", *programs]})
+        if window.failure is not None:
+            failure = window.failure
+            if window.failed != "candidate":
+                rec.fail("baseline", f"baseline failed: {window.failed}: {failure.reason}", "error")
+                return False
             if failure.kind == "correctness":
                 rec.correct = False
-                timed = failure.call - cfg.timing.warmup
+                timed = failure.call - warmup
                 failure.reason = f"output of timed call {timed} is wrong (stale, cached or unfinished?): {failure.reason}"
             _fail(rec, stage, failure, cfg)
             return False
@@ -258,26 +284,34 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         clock.mark(stage)
         _fail_from_sandbox(rec, stage, e, candidate)
         return False
-    rec.timed_checks = result.checks["checked"]
+    rec.timed_checks = window.checks["candidate"]["checked"]
     cost = task_cost(task, cfg, pair.reference, seeds.probe, lock)
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
     bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
     if bandwidth or tflops:
         rec.floor_ms = 1e3 * max(rec.min_bytes / (bandwidth * 1e9) if bandwidth else 0.0,
                                  rec.flops / (tflops * 1e12) if tflops else 0.0)
-    times, used_ns = bounded_figures(result.times_ns, overhead_ns, rec.floor_ms)
+    overhead_ns, resolution_ns = handshake_ns(window.times_ns[EMPTY])
+    floor_ms = 0.0 if math.isnan(rec.floor_ms) else rec.floor_ms
+    times, used_ns = bounded_figures(window.times_ns["candidate"], overhead_ns, max(floor_ms, resolution_ns / 1e6))
     if used_ns != overhead_ns:
-        log.warning("%s: less the handshake's %.4g ms the calls fall below the hardware floor %.4g ms: "
-                    "their outside-clock times are the figures", rec.task_id, overhead_ns / 1e6, rec.floor_ms)
+        log.warning("%s: less the handshake's %.4g ms the calls fall below the hardware floor or the handshake's "
+                    "noise: their outside-clock times are the figures", rec.task_id, overhead_ns / 1e6)
     rec.overhead_ms = used_ns / 1e6
     rec.candidate_times_ms = times
     stats = TimingStats.of(times)
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
-    if rec.candidate_ms < rec.floor_ms:
+    if rec.candidate_ms < floor_ms:
         rec.fail("timing", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
                            f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
+    eager = TimingStats.of(figures_ms(window.times_ns["eager"], overhead_ns))
+    compiled = min((TimingStats.of(figures_ms(window.times_ns[p], overhead_ns)) for p in programs
+                    if p.startswith("compile")), key=lambda st: st.median_ms)
+    rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
+    rec.compile_ms, rec.compile_cv = compiled.median_ms, compiled.cv
+    rec.baseline_cached = False
     return True
 
 

@@ -102,16 +102,16 @@ def test_process_memory_is_read_only_where_the_claim_is_mapped():
         read_process_memory(os.getpid(), 8, memoryview(bytearray(16)))
 
 
-def test_a_call_below_the_floor_after_the_overhead_keeps_its_outside_clock_time():
+def test_a_call_below_the_least_figure_after_the_overhead_keeps_its_outside_clock_time():
     from hpc.profile.timing import bounded_figures
 
     times_ns = [300_000, 310_000, 320_000]          # 0.30-0.32 ms on the outside clock
-    figures, used = bounded_figures(times_ns, 200_000.0, floor_ms=0.05)
+    figures, used = bounded_figures(times_ns, 200_000.0, least_ms=0.05)
     assert used == 200_000.0 and figures == [0.1, 0.11, 0.12]
-    # a calibration inflated by noise would take the median (0.01 ms) below the floor: not taken off
-    figures, used = bounded_figures(times_ns, 300_000.0, floor_ms=0.05)
+    # a handshake inflated by noise would take the median (0.01 ms) below the least figure: not taken off
+    figures, used = bounded_figures(times_ns, 300_000.0, least_ms=0.05)
     assert used == 0.0 and figures == [0.3, 0.31, 0.32]
-    figures, used = bounded_figures(times_ns, 300_000.0, floor_ms=float("nan"))   # no ceilings: no floor
+    figures, used = bounded_figures(times_ns, 300_000.0, least_ms=0.0)
     assert used == 300_000.0
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc.baseline import baseline_key
 from hpc.candidate import load_candidate
 from hpc.pipeline import evaluate
 from hpc.task import load_task
@@ -182,16 +181,20 @@ def test_candidate_cannot_rewrite_the_task(tmp_path, fast_config):
     assert rec.failed_stage == "correctness" and rec.reward == -1.0
 
 
-def test_candidate_cannot_rewrite_cached_baselines(tmp_path, fast_config):
+def test_candidate_cannot_rewrite_torch_compiles_cached_code(tmp_path, fast_config):
+    """The baselines are timed anew in every evaluation, but their compiled code is cached: a
+    candidate that could rewrite it could slow torch.compile down for every later evaluation."""
     task = load_task(RELU_TASK)
     honest = evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
     assert honest.status == "ok", honest.reason
-    cached = fast_config.cache_path() / "baselines" / f"{baseline_key(task, 'eager', fast_config)}.json"
-    before = cached.read_bytes()
+    cached = sorted(p for p in (fast_config.cache_path() / "inductor").rglob("*") if p.is_file())
+    assert cached, "torch.compile left nothing in the inductor cache"
+    target = cached[-1]
+    before = target.read_bytes()
     hack = tmp_path / "tamper"
-    _write_tamper(hack, cached, '{"stats": {"median_ms": 1e9}}')
+    _write_tamper(hack, target, "import time; time.sleep(1)")
     evaluate(task, load_candidate(hack), fast_config)
-    assert cached.read_bytes() == before
+    assert target.read_bytes() == before
 
 
 def test_honest_workdir_is_paid(config):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from hpc.baseline import get_baselines
 from hpc.candidate import load_candidate
 from hpc.config import SandboxConfig
 from hpc.pipeline import evaluate
@@ -32,7 +31,6 @@ def _alive(pid: int) -> bool:
 
 def test_evaluations_in_a_block_take_prestarted_processes_and_leave_none_behind(fast_config):
     task, candidate = load_task(RELU_TASK), load_candidate(SOLUTION)
-    get_baselines(task, fast_config, 1)   # cached first: a baseline's own pair is not an evaluation's
     seen: list[tuple[int, int]] = []
     real_kill = prestart.WorkerPair.kill
 
@@ -50,7 +48,8 @@ def test_evaluations_in_a_block_take_prestarted_processes_and_leave_none_behind(
     assert [r.status for r in records] == ["ok", "ok"], [r.reason for r in records]
     assert all(r.reward >= 1 for r in records)
     pids = [p for pair in seen + spare_pids for p in pair]
-    assert len(set(pids)) == len(pids) == 6, "every evaluation had processes of its own"
+    # each evaluation: its candidate's pair and its baselines' pair; and the spare left
+    assert len(set(pids)) == len(pids) == 10, "every evaluation had processes of its own"
     assert not any(_alive(p) for p in pids)
     assert workroots and not any(w.exists() for w in workroots)
 

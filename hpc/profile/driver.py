@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import statistics
 import time
 from dataclasses import asdict
 
 import torch
 
 from hpc.config import EvalConfig
-from hpc.profile.timing import (CALIBRATION_WARMUP, Call, Failure, LoopResult, calibration_calls, modified_input,
-                                run_calls, stop_program)
+from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
 from hpc.sandbox.exchange import (HEADER_BYTES, InputLayout, TensorSpec, align, map_fd, read_failure,
                                   read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
@@ -52,11 +50,9 @@ class PairDriver:
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
 
-    def setup(self, task: Task, init_seed: int, probe_seed: int, guard: dict | None = None) -> dict:
+    def setup(self, task: Task, init_seed: int, probe_seed: int) -> dict:
         """Lay out the task's inputs and outputs (reference), share the slot, map it in the program.
-        `guard` ({"op_monitor": path, "policy": ...}): the program's calls will run through the
-        candidate's guard, so its empty program does too. SandboxError (kind "task" for the task's
-        own failures) when a step fails."""
+        SandboxError (kind "task" for the task's own failures) when a step fails."""
         cfg, ex = self.cfg, self.pair.exchange
         ref, prog = self.pair.reference, self.pair.program
         common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
@@ -78,17 +74,18 @@ class PairDriver:
                                 "staging_bytes": staging, "per_call": per_call})
         prog.request({"op": "setup", **common, **shared, "fds": ex.program.to_message(),
                       "task": str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
-                      "slot_handle": attached.get("slot_handle", ""), "guarded": guard is not None, **(guard or {})})
+                      "slot_handle": attached.get("slot_handle", "")})
         if cfg.backend != "cuda":
             self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush)
         return {"layout": layout, "outputs": outputs}
 
-    def run(self, calls: list[Call], batch_limit: int = 0) -> LoopResult:
-        """Run `calls` through the program's serve loop (`batch_limit`: see run_calls); a crashed or
-        hung program is killed and shows as the loop's failure (its exit described by the
-        program's SandboxError)."""
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
+        """Run `calls` of `program` (one the program process holds; default: its candidate, or its
+        empty program before one is loaded) through its serve loop (`batch_limit`: see run_calls);
+        a crashed or hung program is killed and shows as the loop's failure (its exit described by
+        the program's SandboxError)."""
         prog, timeout = self.pair.program, self.cfg.sandbox.timeout_s
-        prog.send({"op": "serve"})
+        prog.send({"op": "serve", **({"program": program} if program else {})})
         if self.agent is not None:
             result = run_calls(calls, self.agent, self.pair.exchange.go_write, self.pair.exchange.done_read,
                                self.spin, time.monotonic() + timeout, batch_limit)
@@ -103,15 +100,6 @@ class PairDriver:
             prog.kill()
         prog.receive("serve")
         return result
-
-    def calibrate(self) -> float:
-        """The handshake's fixed cost in nanoseconds: the median of the empty program's timed calls,
-        run before anything else is loaded in the program's process (SandboxError if it fails)."""
-        result = self.run(calibration_calls(self.cfg.timing.calibration_calls))
-        if result.failure is not None or not result.times_ns:
-            reason = result.failure.reason if result.failure else "no calls"
-            raise SandboxError(f"the empty program could not be timed: {reason}", "harness")
-        return statistics.median(result.times_ns)
 
     def load(self, message: dict) -> dict:
         return self.pair.program.request({"op": "load", **message})

@@ -16,13 +16,14 @@ device memory involved) runs the calls. Per call:
    program left running after it answered is caught unfinished, and a program cannot tell which
    calls are checked until it has answered.
 
-A call's figure is t1 - t0 less the handshake's own cost: the median of the same loop on an empty
-program (one tiny kernel on cuda, so a context switch is in both) run in the same process before
-any candidate code was loaded. Nothing the program can change enters a figure: its inputs could
-not be known before t0, its clock is not read, and the fixed cost was measured before it existed.
-What it can still do is finish early and leave work running, which the checked calls' outputs
-expose (a candidate doing that on more than half of the calls, enough to move the median, goes
-unseen with probability below 2^-checks).
+A call's figure is t1 - t0 less the handshake's fixed cost: the median of the same loop on an
+empty program (one tiny kernel on cuda, so a context switch is in both) in the baselines' trusted
+process, timed in the same window as the programs compared (hpc.profile.window). Nothing the
+program can change enters a figure: its inputs could not be known before t0, its clock is not
+read, and the fixed cost is measured in a process it cannot reach. What it can still do is finish
+early and leave work running, which the checked calls' outputs expose (a candidate doing that on
+more than half of the calls, enough to move the median, goes unseen with probability below
+2^-checks).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Callable, Protocol
 from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, ProgramGone, TensorSpec, read_frame,
                                   send_frame)
 
-PROTOCOL = "outside-1"     # part of every cached baseline's key: a new protocol re-measures them
+PROTOCOL = "outside-2"     # kept with every record: outside clock, programs side by side in one window
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 
@@ -182,13 +183,14 @@ def figures_ms(times_ns: list[int], overhead_ns: float) -> list[float]:
     return [(t - overhead_ns) / 1e6 for t in times_ns]
 
 
-def bounded_figures(times_ns: list[int], overhead_ns: float, floor_ms: float) -> tuple[list[float], float]:
-    """The figures and the overhead taken off them. The overhead was measured before any candidate
-    code existed, so the candidate cannot inflate it; only noise (a busy host during calibration)
-    can, and if that takes the median below the hardware floor (`floor_ms`, NaN for none), the
-    outside-clock times themselves are the figures (overhead 0): an upper bound, never a rejection."""
+def bounded_figures(times_ns: list[int], overhead_ns: float, least_ms: float) -> tuple[list[float], float]:
+    """A candidate's figures and the overhead taken off them. Taking the handshake's cost off a call
+    that is barely longer than the handshake leaves noise, which can make a fast figure out of
+    nothing; so where the median less the overhead is below `least_ms` (the hardware floor, or what
+    stands out of the handshake's own noise: hpc.profile.window.handshake_ns), the outside-clock
+    times themselves are the figures (overhead 0): an upper bound, never a rejection."""
     figures = figures_ms(times_ns, overhead_ns)
-    if overhead_ns and figures and statistics.median(figures) < floor_ms:
+    if overhead_ns and figures and statistics.median(figures) < least_ms:
         return figures_ms(times_ns, 0.0), 0.0
     return figures, overhead_ns
 

@@ -376,8 +376,9 @@ class _DeviceAgent:
 
 class _EmptyModel(torch.nn.Module):
     """The handshake alone: preallocated outputs, and on cuda one tiny kernel (every call launches at
-    least one, and the switch of the SMs to this context is part of every call). An allowed op, so
-    it runs through the op monitor like a candidate's forward."""
+    least one, and the switch of the SMs to this context is part of every call). It runs in the
+    baselines' trusted process, unguarded: a candidate's figure keeps its guard's small cost, so
+    taking this one off errs against the candidate, never for it."""
 
     def __init__(self, outputs: list[torch.Tensor], device: torch.device):
         super().__init__()
@@ -391,8 +392,9 @@ class _EmptyModel(torch.nn.Module):
 
 
 class ProgramWorker(_Worker):
-    """Runs calls on the slot's inputs when the driver says go: the empty program, then the candidate
-    (or eager / torch.compile)."""
+    """Runs calls of one of its programs on the slot's inputs when the driver says go. A trusted
+    process holds the empty program, eager Model and each torch.compile mode; a candidate's process
+    holds the candidate alone once it is loaded."""
 
     def setup(self, msg: dict) -> dict:
         """Map the slot's inputs and prepare the empty program. No candidate code runs here."""
@@ -413,14 +415,8 @@ class ProgramWorker(_Worker):
         self.inputs_base = slot.data_ptr()
         empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
                              for o in self.outputs], self.device)
-        self.monitor = self._monitor(msg) if msg.get("guarded") else None
-        if self.monitor is not None:   # a candidate's calls run through the guard: its cost is the handshake's
-            from hpc import runtime
-
-            guard = ForwardGuard(empty, self.monitor, False, runtime.launch_count)
-            self.call = lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
-        else:
-            self.call = lambda inputs, poison: empty(*inputs)
+        self.programs = {"empty": lambda inputs, poison: empty(*inputs)}
+        self.call = self.programs["empty"]
         return {"ok": True}
 
     @staticmethod
@@ -432,25 +428,31 @@ class ProgramWorker(_Worker):
             raise WorkerError(f"op monitor unusable: {e}", "harness") from None
 
     def load(self, msg: dict) -> dict:
-        """The program to time: the candidate's ModelNew under the policy, eager or compiled Model."""
+        """Add a program to time: the candidate's ModelNew under the policy (which retires the empty
+        program: nothing timed in this process after candidate code is loaded is trusted), or eager
+        or compiled Model (a trusted process holds the empty program, eager and each compile mode)."""
         t0 = time.monotonic()
         program = msg["program"]
         if program == "candidate":
-            self.call = self._load_candidate(msg)
+            call = self._load_candidate(msg)
+            self.programs = {}
         else:
             model = init_model(self.task.Model, self.task, self.init_seed, self.device)
+            mode = msg.get("mode", "default")
             if program == "compile":
-                model = torch.compile(model, mode=None if msg.get("mode", "default") == "default" else msg["mode"])
-            self.call = lambda inputs, poison: model(*inputs)
-            if program == "compile":   # compile now: the timed calls run under an exclusive device lock
-                self.call(self.inputs, None)
-                synchronize(self.device)
+                model = torch.compile(model, mode=None if mode == "default" else mode)
+                program = f"compile:{mode}"
+            call = lambda inputs, poison: model(*inputs)   # noqa: E731
+        self.programs[program] = call
+        if program.startswith("compile"):   # compile now: the timed calls run under an exclusive device lock
+            call(self.inputs, None)
+            synchronize(self.device)
         return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
 
     def _load_candidate(self, msg: dict):
         from hpc import runtime
 
-        monitor = self.monitor if self.monitor is not None else self._monitor(msg)   # before candidate code
+        monitor = self._monitor(msg)   # before any candidate code
         runtime.count_extension_calls()
         os.environ.update({str(k): str(v) for k, v in msg.get("environment", {}).items()})
         path = Path(msg["model_file"])
@@ -474,7 +476,11 @@ class ProgramWorker(_Worker):
         return lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
 
     def serve(self, msg: dict) -> dict:
-        """Run one call per go frame until the stop frame; answer each with a done frame."""
+        """Run one call of `program` per go frame until the stop frame; answer each with a done frame."""
+        name = msg.get("program", "candidate" if "candidate" in self.programs else "empty")
+        if name not in self.programs:
+            raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})", "harness")
+        self.call = self.programs[name]
         set_spinning(self.fds.go, self.spin)
         calls = 0
         while True:

@@ -59,9 +59,10 @@ class WorkerPair:
 
 
 def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None,
-               trusted: bool = False) -> WorkerPair:
-    """A new reference + program pair in a new workroot (the program may write `writable` too;
-    `trusted`: the program runs the harness's own baselines, not a candidate)."""
+               trusted: bool = False, env: dict[str, str] | None = None) -> WorkerPair:
+    """A new reference + program pair in a new workroot (the program may write `writable` too and
+    gets `env` added to its environment; `trusted`: the program runs the harness's own baselines,
+    not a candidate)."""
     workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
     os.chmod(workroot, 0o711)   # the workers' own folders are reachable under a dropped uid, not listable
     exchange = Exchange.create(backend)
@@ -69,7 +70,7 @@ def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None
     try:
         reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend, trusted=True,
                                      pass_fds=Exchange.passed(exchange.reference))
-        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, writable=writable,
+        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, env=env, writable=writable,
                                    pass_fds=Exchange.passed(exchange.program), trusted=trusted,
                                    join=reference if backend == "cuda" else None)   # CUDA IPC checks pids
     except BaseException:

@@ -1,0 +1,83 @@
+"""hpc.profile.window: every program of an evaluation timed in rounds of one window, in orders drawn
+per round; a failure names its entrant and its call. (The drivers here are scripted: the window's
+scheduling is what is under test; real drivers run it in every evaluation test.)"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hpc.profile.timing import Call, Failure, LoopResult
+from hpc.profile.window import Entrant, EntrantError, chunks, handshake_ns, run_window
+from hpc.sandbox.process import SandboxError
+
+
+class Scripted:
+    """Answers each call with its seed as its time; fails at seed `fail_at` (or raises there)."""
+
+    def __init__(self, log: list, fail_at: int = -1, raises: bool = False):
+        self.log, self.fail_at, self.raises = log, fail_at, raises
+
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
+        times = []
+        for k, call in enumerate(calls):
+            if call.seed == self.fail_at:
+                if self.raises:
+                    raise SandboxError("the program process ended", "crash")
+                return LoopResult(times, Failure("correctness", "wrong", k), {"checked": 1})
+            self.log.append((program, call.seed))
+            if call.timed:
+                times.append(call.seed)
+        return LoopResult(times, None, {"checked": sum(c.checked for c in calls), "max_abs_error": 0.5})
+
+
+def entrant(name: str, driver, warmup: int, timed: int, base: int) -> Entrant:
+    return Entrant(name, driver, name, [Call(base + k) for k in range(warmup)],
+                   [Call(base + warmup + k, timed=True, checked=k % 4 == 0) for k in range(timed)])
+
+
+def test_chunks_cut_calls_in_order_into_rounds_differing_by_at_most_one():
+    calls = [Call(k) for k in range(23)]
+    parts = chunks(calls, 5)
+    assert [len(p) for p in parts] == [5, 5, 5, 4, 4]
+    assert [c for p in parts for c in p] == calls
+
+
+def test_every_round_runs_a_share_of_every_entrant_in_an_order_drawn_for_it():
+    log: list = []
+    driver = Scripted(log)
+    entrants = [entrant("candidate", driver, 2, 20, 0), entrant("eager", driver, 2, 20, 100),
+                entrant("empty", driver, 3, 30, 200)]
+    window = run_window(entrants, 10, random.Random(7))
+    assert [p for p, _ in log[:7]] == ["candidate"] * 2 + ["eager"] * 2 + ["empty"] * 3   # warm-ups first
+    assert window.times_ns["candidate"] == list(range(2, 22)) and window.times_ns["empty"] == list(range(203, 233))
+    assert len(window.orders) == 10 and all(sorted(o) == ["candidate", "eager", "empty"] for o in window.orders)
+    assert len({tuple(o) for o in window.orders}) > 1          # the order is drawn per round
+    rounds = [log[7:][k:k + 7] for k in range(0, 70, 7)]           # 2 + 2 + 3 timed calls a round
+    for order, calls in zip(window.orders, rounds):
+        assert [p for p, _ in calls] == sorted((p for p, _ in calls), key=order.index)
+    assert window.checks["candidate"]["checked"] == 5 and window.checks["eager"]["max_abs_error"] == 0.5
+    assert window.failure is None
+
+
+def test_a_failure_names_its_entrant_and_its_call_among_its_own_and_ends_the_window():
+    log: list = []
+    entrants = [entrant("candidate", Scripted(log, fail_at=2 + 7), 2, 20, 0), entrant("eager", Scripted(log), 2, 20, 100)]
+    window = run_window(entrants, 10, random.Random(1))
+    assert window.failed == "candidate" and window.failure.call == 9          # warm-up 2 + timed call 7
+    ran = len(log)
+    assert ran < 2 + 2 + 40 and sum(1 for p, _ in log if p == "candidate") == 9
+
+
+def test_a_driver_that_raises_is_named():
+    entrants = [entrant("eager", Scripted([]), 1, 4, 0), entrant("compile:default", Scripted([], 3, True), 1, 4, 0)]
+    with pytest.raises(EntrantError) as e:
+        run_window(entrants, 2, random.Random(0))
+    assert e.value.name == "compile:default" and e.value.error.kind == "crash"
+
+
+def test_the_handshake_is_the_empty_programs_median_and_a_figure_must_stand_out_of_its_spread():
+    assert handshake_ns([100, 100, 100, 100, 100]) == (100, 10)           # at least a tenth of the cost
+    median, least = handshake_ns([80, 90, 100, 110, 300])
+    assert median == 100 and least > 10                                 # the spread, when larger
