@@ -22,7 +22,7 @@ from hpc.hardware import conditions, versions
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
-from hpc.sandbox.prestart import WorkerPair, start_pair
+from hpc.sandbox.prestart import WorkerPair, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 
@@ -40,10 +40,11 @@ def inductor_cache(cfg: EvalConfig) -> Path:
 
 
 def start_baseline_pair(cfg: EvalConfig) -> WorkerPair:
-    """A trusted pair for the baselines, its program writing compiled code to the inductor cache."""
+    """A trusted pair for the baselines (prestarted where a block is open), its program writing
+    compiled code to the inductor cache."""
     cache = inductor_cache(cfg)
-    return start_pair(cfg.sandbox, cfg.backend, writable=[cache], trusted=True,
-                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    return worker_pair(cfg.sandbox, cfg.backend, writable=[cache], trusted=True,
+                       env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
 
 
 def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_seed: int, lock: DeviceLock,

@@ -110,20 +110,21 @@ class _Spare:
     device lock, shared, so it never overlaps a timed run; on the cpu backend the whole start
     does, since the interpreters' start is itself work on the device timed there."""
 
-    def __init__(self, sandbox: SandboxConfig, backend: str):
+    def __init__(self, sandbox: SandboxConfig, backend: str, kind: PairKind):
         self.pair: WorkerPair | None = None
         self.failed = ""
         self._cancelled = threading.Event()
-        self._thread = threading.Thread(target=self._start, args=(sandbox, backend), name="prestart", daemon=True)
+        self._thread = threading.Thread(target=self._start, args=(sandbox, backend, kind), name="prestart",
+                                        daemon=True)
         self._thread.start()
 
-    def _start(self, sandbox: SandboxConfig, backend: str) -> None:
+    def _start(self, sandbox: SandboxConfig, backend: str, kind: PairKind) -> None:
         lock = DeviceLock(backend)
         try:
             with lock.shared() if backend == "cpu" else nullcontext():
                 if self._cancelled.is_set():
                     return
-                self.pair = start_pair(sandbox, backend)
+                self.pair = start_pair(sandbox, backend, list(kind.writable), kind.trusted, dict(kind.env))
                 self._ask({"op": "ready"})
             with lock.shared():
                 self._ask({"op": "ready", "device": backend})
@@ -156,8 +157,18 @@ class _Spare:
             pair.close()
 
 
+@dataclass(frozen=True)
+class PairKind:
+    """What a pair is started with besides the sandbox config: the same for every evaluation that
+    takes one (a candidate's program with no extra writable path; the baselines' trusted program)."""
+
+    trusted: bool = False
+    writable: tuple[Path, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
 class PrestartedWorkers:
-    """Up to `depth` pairs started ahead per (backend, sandbox config, visible devices)."""
+    """Up to `depth` pairs started ahead per (backend, sandbox config, pair kind, visible devices)."""
 
     def __init__(self, depth: int = 1):
         if depth < 1:
@@ -168,9 +179,9 @@ class PrestartedWorkers:
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, sandbox: SandboxConfig, backend: str) -> WorkerPair:
+    def take(self, sandbox: SandboxConfig, backend: str, kind: PairKind = PairKind()) -> WorkerPair:
         """A pair whose interpreters are up (a new one if none is), and the next one starting."""
-        key = _key(sandbox, backend)
+        key = _key(sandbox, backend, kind)
         with self._lock:
             queue = self._spares.setdefault(key, [])
             spare = queue.pop(0) if queue else None
@@ -179,16 +190,17 @@ class PrestartedWorkers:
             pair.reference.restart_clock()
             pair.program.restart_clock()
             self.taken += 1
-        self._refill(key, sandbox, backend)
-        return pair if pair is not None else start_pair(sandbox, backend)
+        self._refill(key, sandbox, backend, kind)
+        return pair if pair is not None else start_pair(sandbox, backend, list(kind.writable), kind.trusted,
+                                                        dict(kind.env))
 
-    def _refill(self, key: str, sandbox: SandboxConfig, backend: str) -> None:
+    def _refill(self, key: str, sandbox: SandboxConfig, backend: str, kind: PairKind = PairKind()) -> None:
         with self._lock:
             if self._closed:
                 return
             queue = self._spares.setdefault(key, [])
             while len(queue) < self.depth:
-                queue.append(_Spare(sandbox, backend))
+                queue.append(_Spare(sandbox, backend, kind))
                 self.started += 1
 
     def close(self) -> None:
@@ -201,8 +213,8 @@ class PrestartedWorkers:
             spare.cancel()
 
 
-def _key(sandbox: SandboxConfig, backend: str) -> str:
-    return repr((backend, sorted(asdict(sandbox).items()), os.environ.get("CUDA_VISIBLE_DEVICES")))
+def _key(sandbox: SandboxConfig, backend: str, kind: PairKind = PairKind()) -> str:
+    return repr((backend, sorted(asdict(sandbox).items()), kind, os.environ.get("CUDA_VISIBLE_DEVICES")))
 
 
 _active: PrestartedWorkers | None = None
@@ -240,10 +252,13 @@ def prestarted_workers(depth: int | None = None) -> Iterator[PrestartedWorkers |
             mine.close()
 
 
-def worker_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None) -> WorkerPair:
-    """The pair for one evaluation: prestarted when a `prestarted_workers` block is open and the
-    program needs no extra writable path (a single-file candidate's extension build folder)."""
+def worker_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None,
+                trusted: bool = False, env: dict[str, str] | None = None) -> WorkerPair:
+    """A pair for one evaluation: prestarted when a `prestarted_workers` block is open and the pair
+    is started the same way for every evaluation (not a single-file candidate's, whose extension
+    build folder is its own); arguments as for `start_pair`."""
     spares = _active
-    if spares is not None and not writable:
-        return spares.take(sandbox, backend)
-    return start_pair(sandbox, backend, writable)
+    if spares is not None and (trusted or not writable):
+        kind = PairKind(trusted, tuple(writable or ()), tuple(sorted((env or {}).items())))
+        return spares.take(sandbox, backend, kind)
+    return start_pair(sandbox, backend, writable, trusted, env)

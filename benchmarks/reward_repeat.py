@@ -1,0 +1,78 @@
+"""Do rewards repeat? The shipped suite evaluated `--runs` times, each a separate `hpc eval-suite`
+process with a fresh cache (nothing measured is carried from one run to the next), one run after
+another with nothing else started by this script beside them. Per row: the reward of each run, and
+how far each run's speedup over torch.compile lies from the row's median across runs.
+
+    python benchmarks/reward_repeat.py --backend cpu --runs 3 [--only level2] [--jobs 1]
+
+Bar (issue 21): at least 95% of rows get the same reward in every run, and every row's
+vs-compile ratio stays within 3% of its median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hpc.results.hdf5 import read_records  # noqa: E402
+
+
+def one_run(args: argparse.Namespace, folder: Path, k: int) -> dict[str, tuple[float, float, str]]:
+    """{task: (reward, speedup vs compile, status)} of one fresh-cache eval-suite process."""
+    out = folder / f"run-{k}.h5"
+    env = {**os.environ, "HPC_CACHE_DIR": str(folder / f"cache-{k}")}
+    cmd = [sys.executable, "-m", "hpc.cli", "eval-suite", str(args.tasks), str(args.solutions), "--out", str(out),
+           "--backend", args.backend, "--jobs", str(args.jobs), "--iterations", str(args.iterations)]
+    for only in args.only:
+        cmd += ["--only", only]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if not out.exists():
+        raise SystemExit(f"run {k} wrote no records (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    print(f"run {k}: {time.monotonic() - t0:.0f} s, exit {proc.returncode}", file=sys.stderr)
+    return {r.task_id: (r.reward, r.speedup_compile, r.status) for r in read_records(out)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--iterations", type=int, default=100)
+    p.add_argument("--only", action="append", default=[])
+    p.add_argument("--tasks", type=Path, default=ROOT / "kernels" / "tasks")
+    p.add_argument("--solutions", type=Path, default=ROOT / "kernels" / "solutions")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
+        runs = [one_run(args, Path(tmp), k) for k in range(args.runs)]
+    tasks = sorted(set().union(*runs))
+    same = within = 0
+    print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
+    for task in tasks:
+        rows = [run.get(task, (float("nan"), float("nan"), "missing")) for run in runs]
+        rewards = [r[0] for r in rows]
+        ratios = [r[1] for r in rows]
+        ok = all(r[2] == "ok" for r in rows)
+        median = statistics.median(ratios) if ok else float("nan")
+        spread = max(abs(x / median - 1) for x in ratios) if ok else float("nan")
+        same += ok and len(set(rewards)) == 1
+        within += ok and spread <= 0.03
+        print(f"| {task} | {' / '.join(f'{x:g}' for x in rewards)} | {' / '.join(f'{x:.3f}' for x in ratios)} "
+              f"| {100 * spread:.1f}% |")
+    n = len(tasks)
+    print(f"\nsame reward in all {args.runs} runs: {same}/{n} ({100 * same / max(n, 1):.0f}%); "
+          f"vs compile within 3% of the median: {within}/{n} ({100 * within / max(n, 1):.0f}%)")
+    return 0 if n and same >= 0.95 * n and within == n else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
