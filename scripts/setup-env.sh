@@ -14,7 +14,7 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root${1:+[$1]}" 2>&1 | grep -v '^WARNING: Location' || true
   # -W ignore: megatron-core warns on import that Transformer Engine and Apex are absent
   "$venv/bin/python" -W ignore -c "import hpc, torch, h5py, yaml, mpi4py, submitit, megatron.core, tokenizers, safetensors"
-  if [ "${1:-}" = test ]; then "$venv/bin/python" -c "import pytest, transformers"; fi
+  if [ "${1:-}" = test ]; then "$venv/bin/python" -c "import pytest, xdist, transformers"; fi
   touch "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

@@ -17,6 +17,31 @@ ROOT = TESTS.parent
 RELU_TASK = TESTS / "fixtures" / "tasks" / "level1" / "relu.py"
 
 
+# Fixtures that run real evaluations or a real Slurm: a test using one is an integration test.
+INTEGRATION_FIXTURES = frozenset({"fast_config", "cuda_config", "config", "cache_dir", "slurm"})
+# Files of integration tests: real compilers, sandboxed processes, MPI and torchrun jobs, training
+# runs, submitit jobs and the command lines run as subprocesses (seconds each).
+INTEGRATION_FILES = frozenset({
+    "test_agent_episode", "test_agent_pool", "test_analysis", "test_cli", "test_compile", "test_confinement",
+    "test_evaluate_job", "test_evaluate_policy", "test_hacks", "test_odd_input", "test_policy_parallel",
+    "test_pool", "test_prestart", "test_rl_pipeline", "test_samples", "test_sandbox", "test_slurm_templates",
+    "test_solutions", "test_synthesis_job", "test_train"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Integration tests (a real evaluation or Slurm, or a file of them) are marked slow: the unit
+    tier, `scripts/test.sh --fast` (`-m "not slow"`), leaves them out. Under pytest-xdist (`--dist loadgroup`, scripts/test.sh) a file's tests run on one
+    worker, so its module fixtures are made once, and every test on the local Slurm shares one
+    worker, so one cluster serves them."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & INTEGRATION_FIXTURES or item.path.stem in INTEGRATION_FILES:
+            item.add_marker(pytest.mark.slow)
+        group = "slurm" if "slurm" in names else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("hpc-cache")

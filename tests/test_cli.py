@@ -13,12 +13,13 @@ from hpc.results.hdf5 import read_records
 from tests.conftest import RELU_TASK, ROOT, TESTS
 
 
-def hpc(*args, env_cache=None, timeout=600):
-    env = None
-    if env_cache is not None:
-        import os
+def hpc(*args, env_cache=None, timeout=600, tmpdir=None):
+    import os
 
-        env = {**os.environ, "HPC_CACHE_DIR": str(env_cache)}
+    env = None
+    if env_cache is not None or tmpdir is not None:
+        env = {**os.environ, **({"HPC_CACHE_DIR": str(env_cache)} if env_cache is not None else {}),
+               **({"TMPDIR": str(tmpdir)} if tmpdir is not None else {})}
     return subprocess.run([sys.executable, "-m", "hpc.cli", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
@@ -26,7 +27,8 @@ def hpc(*args, env_cache=None, timeout=600):
 def test_eval_json_has_the_contract_fields_and_writes_hdf5(tmp_path, cache_dir):
     out = tmp_path / "r.h5"
     proc = hpc("eval", RELU_TASK, TESTS / "fixtures" / "honest_relu", "--backend", "cpu", "--scale", "cpu",
-               "--json", "--out", out, "--iterations", "20", env_cache=cache_dir)
+               "--json", "--out", out, "--iterations", "20", env_cache=cache_dir,
+               tmpdir=tmp_path)   # its own device locks: no evaluation of a parallel test counts as beside it
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     for key in ("compiled", "correct", "reward", "speedup_eager", "speedup_compile", "reason"):
