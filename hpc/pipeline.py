@@ -256,7 +256,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         stage = "timing"
         calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked))
         warmup = cfg.timing.warmup
-        entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:]),
+        entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs)]
         try:
             with lock.exclusive():

@@ -5,6 +5,7 @@ scheduling is what is under test; real drivers run it in every evaluation test.)
 from __future__ import annotations
 
 import random
+import subprocess
 
 import pytest
 
@@ -81,3 +82,38 @@ def test_the_handshake_is_the_empty_programs_median_and_a_figure_must_stand_out_
     assert handshake_ns([100, 100, 100, 100, 100]) == (100, 10)           # at least a tenth of the cost
     median, least = handshake_ns([80, 90, 100, 110, 300])
     assert median == 100 and least > 10                                 # the spread, when larger
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+class Observing:
+    """Notes the state of the candidate's process each time its entrant runs."""
+
+    def __init__(self, pid: int, seen: list):
+        self.pid, self.seen = pid, seen
+
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
+        self.seen.append((program, _state(self.pid)))
+        return LoopResult([c.seed for c in calls if c.timed], None, {})
+
+
+def test_the_candidates_processes_are_stopped_while_every_other_entrant_runs(tmp_path):
+    """A thread or child the candidate left running would slow the baselines beside it: its whole
+    tree is stopped while they run, and goes on when its own turn comes and after the window."""
+    program = subprocess.Popen(["sleep", "60"])
+    try:
+        seen: list = []
+        driver = Observing(program.pid, seen)
+        entrants = [Entrant("candidate", driver, "candidate", [Call(0)], [Call(k, timed=True) for k in range(1, 9)],
+                        tree=program.pid),
+                    entrant("eager", driver, 1, 8, 100), entrant("empty", driver, 1, 8, 200)]
+        run_window(entrants, 4, random.Random(3))
+        assert {state for name, state in seen if name == "candidate"} <= {"S", "R"}   # going on (R: just woken)
+        assert {state for name, state in seen if name != "candidate"} == {"T"}
+        assert _state(program.pid) in ("S", "R")             # left going on after the window
+    finally:
+        program.kill()
+        program.wait()

@@ -7,7 +7,9 @@ empty program (the handshake alone, whose median is taken off every figure) are 
 each first runs its warm-up calls, then the timed calls of each are cut into `rounds` chunks and
 every round runs one chunk of each program, in an order the harness draws anew for the round. What
 slows the host for a while slows every program's share of that while, and the ratios the reward
-uses keep their value.
+uses keep their value. While one program runs, the candidate's process and everything below it is
+stopped (hpc.sandbox.freeze): threads or children it left running cannot slow a baseline timed
+beside it, and so raise its own speedup.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hpc.profile.timing import Call, Failure, LoopResult
+from hpc.sandbox import freeze
 from hpc.sandbox.process import SandboxError
 
 
@@ -39,13 +42,15 @@ class Runs(Protocol):
 @dataclass
 class Entrant:
     """One program in the window: `program` of the process `driver` runs ("" for a candidate's
-    process, whose one program is the candidate)."""
+    process, whose one program is the candidate). `tree`: the pid of a program process to keep
+    stopped, with everything below it, while the other entrants run (0: none; the candidate's)."""
 
     name: str
     driver: Runs
     program: str
     warmup: list[Call]
     timed: list[Call]
+    tree: int = 0
 
 
 @dataclass
@@ -75,8 +80,20 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
     window = Window({e.name: [] for e in entrants}, {e.name: {"checked": 0, "max_abs_error": 0.0,
                                                               "max_rel_error": 0.0} for e in entrants})
     done = {e.name: 0 for e in entrants}
+    stopped: set[str] = set()
 
     def run(entrant: Entrant, calls: list[Call]) -> bool:
+        for other in entrants:
+            if other.tree and other is not entrant and other.name not in stopped:
+                try:
+                    freeze.stop(other.tree)
+                except freeze.FreezeError as e:
+                    raise EntrantError(other.name, SandboxError(f"its processes could not be stopped: {e}",
+                                                                "runtime")) from None
+                stopped.add(other.name)
+        if entrant.name in stopped:
+            freeze.resume(entrant.tree)
+            stopped.discard(entrant.name)
         try:
             result = entrant.driver.run(calls, program=entrant.program)
         except SandboxError as e:
@@ -94,18 +111,23 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
         done[entrant.name] += len(calls)
         return True
 
-    for entrant in entrants:
-        if entrant.warmup and not run(entrant, entrant.warmup):
-            return window
-    parts = {e.name: chunks(e.timed, rounds) for e in entrants}
-    for r in range(rounds):
-        order = list(entrants)
-        rng.shuffle(order)
-        window.orders.append([e.name for e in order])
-        for entrant in order:
-            if parts[entrant.name][r] and not run(entrant, parts[entrant.name][r]):
+    try:
+        for entrant in entrants:
+            if entrant.warmup and not run(entrant, entrant.warmup):
                 return window
-    return window
+        parts = {e.name: chunks(e.timed, rounds) for e in entrants}
+        for r in range(rounds):
+            order = list(entrants)
+            rng.shuffle(order)
+            window.orders.append([e.name for e in order])
+            for entrant in order:
+                if parts[entrant.name][r] and not run(entrant, parts[entrant.name][r]):
+                    return window
+        return window
+    finally:
+        for entrant in entrants:
+            if entrant.name in stopped:
+                freeze.resume(entrant.tree)
 
 
 def handshake_ns(empty_ns: list[int]) -> tuple[float, float]:
