@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs the package with its test dependencies, then runs the whole suite,
-# spread over up to 4 pytest workers (one per core; a file's tests stay on one worker, the Slurm
-# tests share one). `--fast`: the unit tier only (no test marked slow), minutes on 2 cores.
+# spread over up to 4 pytest workers (one per core; a file's tests stay on one worker, so its
+# module fixtures are made once; a worker that reaches a Slurm test starts its own local Slurm). `--fast`: the unit tier only (no test marked slow), minutes on 2 cores.
 # pytest's "no tests collected" (exit 5) is a failure here, not a pass.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +16,7 @@ fi
 cores="$(nproc)"
 workers="${HPC_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 set +e
-python -m pytest -n "$workers" --dist loadgroup "${args[@]}" "$@"
+python -m pytest -n "$workers" --dist loadfile "${args[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

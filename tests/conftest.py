@@ -28,18 +28,21 @@ INTEGRATION_FILES = frozenset({
     "test_solutions", "test_synthesis_job", "test_train"})
 
 
-@pytest.hookimpl(tryfirst=True)
+# The longest files, started first so that no worker is left alone with one of them at the end.
+LONGEST_FIRST = ("test_solutions", "test_train", "test_hacks", "test_compile", "test_synthesis",
+                 "test_evaluate_job", "test_slurm_templates", "test_pool", "test_sandbox")
+
+
 def pytest_collection_modifyitems(config, items):
     """Integration tests (a real evaluation or Slurm, or a file of them) are marked slow: the unit
-    tier, `scripts/test.sh --fast` (`-m "not slow"`), leaves them out. Under pytest-xdist (`--dist loadgroup`, scripts/test.sh) a file's tests run on one
-    worker, so its module fixtures are made once, and every test on the local Slurm shares one
-    worker, so one cluster serves them."""
+    tier, `scripts/test.sh --fast` (`-m "not slow"`), leaves them out. The longest files come
+    first: pytest-xdist (`--dist loadfile`, scripts/test.sh) hands files to workers in collection
+    order."""
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if names & INTEGRATION_FIXTURES or item.path.stem in INTEGRATION_FILES:
+        if set(getattr(item, "fixturenames", ())) & INTEGRATION_FIXTURES or item.path.stem in INTEGRATION_FILES:
             item.add_marker(pytest.mark.slow)
-        group = "slurm" if "slurm" in names else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 
 @pytest.fixture(scope="session")
