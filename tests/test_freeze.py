@@ -61,3 +61,31 @@ def test_a_gone_program_is_an_empty_tree():
     child = subprocess.Popen(["true"])
     child.wait()
     assert freeze.tree(child.pid) == [] and freeze.stop(child.pid) == 0
+
+
+HARNESS = r"""
+import subprocess, sys
+from hpc.sandbox import freeze, launch
+proc = launch.spawn([sys.executable, "-c", "import time; time.sleep(120)"],
+                    launch.Policy(readable=tuple(launch.python_readable())), cwd=sys.argv[1],
+                    env={"PATH": "/usr/bin:/bin"})
+freeze.stop(proc.worker_pid)
+print(proc.worker_pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_stopped_program_dies_with_the_harness_that_stopped_it(tmp_path):
+    """A harness killed while it held a program stopped cannot resume it; the program's stub kills it
+    (it would never read the end of its pipes, and stay forever)."""
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(__file__)))
+    pid = int(harness.stdout.readline())
+    with open(f"/proc/{pid}/stat") as f:
+        assert f.read().rsplit(")", 1)[1].split()[0] == "T"
+    harness.kill()
+    harness.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}"), "the stopped program outlived its harness"

@@ -42,6 +42,7 @@ def capabilities(which: str) -> int:
 def main() -> None:
     """Entry point: `python -I -S -c ... main()` SPEC_JSON STATUS_FD ARGV..."""
     spec, status_fd, argv = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    harness = os.getppid()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.set_inheritable(status_fd, False)
     report: dict[str, object] = {}
@@ -70,6 +71,7 @@ def main() -> None:
         os.close(fd)
     _say(status_fd, {"pid": pid, **report})
     os.close(status_fd)
+    _kill_when_orphaned(child, harness)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -96,6 +98,17 @@ def _which(name: str) -> str:
 
 def _say(fd: int, message: dict) -> None:
     os.write(fd, json.dumps(message).encode() + b"\n")
+
+
+def _kill_when_orphaned(pidfd: int, harness: int) -> None:
+    """Return when the program has ended; kill it if the harness that started this stub dies first.
+    A program normally ends when its pipes close, but one the harness had stopped (SIGSTOP, while
+    another program of its window was timed) never reads that end: it would stay forever."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    while not poller.poll(1000):
+        if os.getppid() != harness:
+            _pidfd_kill(pidfd)
 
 
 def _pidfd_kill(pidfd: int) -> None:
