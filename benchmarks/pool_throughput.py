@@ -42,7 +42,7 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 
 def candidate_set(root: Path, tasks: list, solutions: Path, count: int, tag: str) -> tuple[Path, Path]:
     """`count` distinct candidates, cycling over `tasks`: task copies (same content, so the same
-    cached baselines) under new ids, each with its own solution copy marked `tag`."""
+    compiled torch.compile code and counted cost) under new ids, each with its own solution copy marked `tag`."""
     task_dir, cand_dir = root / "tasks", root / "candidates"
     for k in range(count):
         task = tasks[k % len(tasks)]

@@ -124,7 +124,7 @@ class _Spare:
             with lock.shared() if backend == "cpu" else nullcontext():
                 if self._cancelled.is_set():
                     return
-                self.pair = start_pair(sandbox, backend, list(kind.writable), kind.trusted, dict(kind.env))
+                self.pair = kind.start(sandbox, backend)
                 self._ask({"op": "ready"})
             with lock.shared():
                 self._ask({"op": "ready", "device": backend})
@@ -166,6 +166,9 @@ class PairKind:
     writable: tuple[Path, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 
+    def start(self, sandbox: SandboxConfig, backend: str) -> WorkerPair:
+        return start_pair(sandbox, backend, list(self.writable), self.trusted, dict(self.env))
+
 
 class PrestartedWorkers:
     """Up to `depth` pairs started ahead per (backend, sandbox config, pair kind, visible devices)."""
@@ -191,8 +194,7 @@ class PrestartedWorkers:
             pair.program.restart_clock()
             self.taken += 1
         self._refill(key, sandbox, backend, kind)
-        return pair if pair is not None else start_pair(sandbox, backend, list(kind.writable), kind.trusted,
-                                                        dict(kind.env))
+        return pair if pair is not None else kind.start(sandbox, backend)
 
     def _refill(self, key: str, sandbox: SandboxConfig, backend: str, kind: PairKind = PairKind()) -> None:
         with self._lock:
