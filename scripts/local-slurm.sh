@@ -13,6 +13,7 @@ set -euo pipefail
 cmd="${1:-}"
 dir="$(realpath -m "${2:-${HPC_SLURM_DIR:-/tmp/hpc-slurm}}")"
 conf="$dir/etc/slurm.conf"
+munge_socket="$dir/munge/munge.socket"   # a munged per instance: several instances run side by side
 
 log() { echo "local-slurm: $*" >&2; }
 
@@ -53,7 +54,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=cred_expire=5
+AuthInfo=cred_expire=5,socket=$munge_socket
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/run/slurmctld.pid
@@ -73,6 +74,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=${HPC_SLURMDBD_PORT:-6819}
+AccountingStoragePass=$munge_socket
 JobCompType=jobcomp/none
 DependencyParameters=kill_invalid_depend
 KillOnBadExit=1
@@ -90,6 +92,7 @@ PMIxCliTmpDirBase=$dir/run
 EOF
     cat >"$dir/etc/slurmdbd.conf" <<EOF
 AuthType=auth/munge
+AuthInfo=socket=$munge_socket
 DbdHost=localhost
 DbdPort=${HPC_SLURMDBD_PORT:-6819}
 SlurmUser=root
@@ -105,14 +108,15 @@ EOF
     chmod 600 "$dir/etc/slurmdbd.conf"
 }
 
-start_munge() {   # the standard socket, so every Slurm client finds it; an already running munged is reused
-    munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
-    mkdir -p /run/munge   # munged runs as munge: its files live where that user can reach them
-    chown munge:munge /run/munge
-    runuser -u munge -- munged --pid-file=/run/munge/hpc-munged.pid --log-file=/run/munge/hpc-munged.log \
-        --seed-file=/run/munge/hpc-munged.seed --force
-    wait_for 10 munge sh -c "munge -n | unmunge"
-    cp /run/munge/hpc-munged.pid "$dir/run/munged.pid"
+start_munge() {   # its own socket, named in the configs (AuthInfo), so one instance's down never cuts off another
+    munge -n --socket="$munge_socket" 2>/dev/null | unmunge --socket="$munge_socket" >/dev/null 2>&1 && return 0
+    mkdir -p "$dir/munge"   # munged runs as munge: its files live where that user can reach them
+    chown munge:munge "$dir/munge"
+    chmod 755 "$dir/munge"
+    runuser -u munge -- munged --socket="$munge_socket" --pid-file="$dir/munge/munged.pid" \
+        --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" --force
+    wait_for 10 munge sh -c "munge -n --socket='$munge_socket' | unmunge --socket='$munge_socket'"
+    cp "$dir/munge/munged.pid" "$dir/run/munged.pid"
 }
 
 start_mariadb() {

@@ -35,8 +35,18 @@ def call(name: str, **arguments) -> str:
 
 @pytest.fixture
 def episode(tmp_path, cache_dir):
+    """An episode whose bash commands time out after 5 s (the timeout tests wait that long)."""
     ep = Episode(load_task(TASK), LocalBackend(make_fast_config(cache_dir)), agent_config(bash={"timeout_s": 5.0}),
                  tmp_path / "episode")
+    yield ep
+    ep.close()
+
+
+@pytest.fixture
+def patient_episode(tmp_path, cache_dir):
+    """An episode with the default bash timeout, for commands that build and import torch: on a
+    machine loaded by other test workers they take longer than 5 s."""
+    ep = Episode(load_task(TASK), LocalBackend(make_fast_config(cache_dir)), agent_config(), tmp_path / "episode")
     yield ep
     ep.close()
 
@@ -220,20 +230,20 @@ def test_bash_runs_in_the_workdir_and_cannot_write_outside_it(episode, tmp_path)
 
 
 @needs_isolation
-def test_bash_reads_only_the_system_python_the_toolkit_and_the_episode(episode, tmp_path):
+def test_bash_reads_only_the_system_python_the_toolkit_and_the_episode(patient_episode, tmp_path):
     """No peeking at the shipped solutions, the tests or another episode; the toolchain still works:
     model_new.py builds its kernels and runs under torch exactly as a developer would try it."""
     solution = ROOT / "kernels" / "solutions" / "level1" / "12_mean_dim"
     (tmp_path / "other-episode.txt").write_text("someone else's kernel")
-    work = episode.workdir.work
+    work = patient_episode.workdir.work
     (work / "kernels" / "reduce.cpp").write_text((solution / "kernels" / "reduce.cpp").read_text())
     (work / "model_new.py").write_text((solution / "model_new.py").read_text())
-    episode.step(call("bash", command=f"cat {solution}/model_new.py > /dev/null && echo solution-read; "
-                                      f"cat {tmp_path}/other-episode.txt || echo other-refused; "
-                                      f"ls {ROOT}/tests > /dev/null || echo tests-refused; "
-                                      "python -c 'import torch, model_new; "
-                                      "print(model_new.ModelNew(0)(torch.ones(4, 3)))'"))
-    (event,) = last_events(episode)
+    patient_episode.step(call("bash", command=f"cat {solution}/model_new.py > /dev/null && echo solution-read; "
+                                              f"cat {tmp_path}/other-episode.txt || echo other-refused; "
+                                              f"ls {ROOT}/tests > /dev/null || echo tests-refused; "
+                                              "python -c 'import torch, model_new; "
+                                              "print(model_new.ModelNew(0)(torch.ones(4, 3)))'"))
+    (event,) = last_events(patient_episode)
     assert "solution-read" not in event.observation and "someone else" not in event.observation
     assert "other-refused" in event.observation and "tests-refused" in event.observation
     assert "tensor([1., 1., 1.])" in event.observation, event.observation

@@ -121,7 +121,9 @@ def test_libc_clock_rewritten_in_memory_changes_nothing(config, honest_ms):
 def test_inputs_predicted_from_the_init_seed_never_come(tmp_path, config):
     """predicted_inputs was paid 31x (reward 3; `hpc eval` of this folder on the previous protocol)
     when every input derived from the init seed it can read: it answers from a table of predicted
-    inputs. Drawn on their own, no input is in its table: it is paid as its twin without the table."""
+    inputs. Drawn on their own, no input is in its table: it is paid as its twin without the table.
+    Each is compared by its ratio to eager timed in its own window, as the reward compares it: the
+    two evaluations run apart, and a loaded machine slows one of them as a whole."""
     twin = tmp_path / "twin"
     shutil.copytree(HACKS / "predicted_inputs", twin)
     model = twin / "model_new.py"
@@ -130,7 +132,9 @@ def test_inputs_predicted_from_the_init_seed_never_come(tmp_path, config):
     attack, honest = evaluate(task, load_candidate(HACKS / "predicted_inputs"), config), evaluate(
         task, load_candidate(twin), config)
     assert attack.status == "ok" and honest.status == "ok", (attack.reason, honest.reason)
-    assert attack.candidate_ms > 0.3 * honest.candidate_ms, (attack.candidate_ms, honest.candidate_ms)
+    attack_ratio, honest_ratio = attack.candidate_ms / attack.eager_ms, honest.candidate_ms / honest.eager_ms
+    assert attack_ratio > 0.3 * honest_ratio, (attack.candidate_ms, attack.eager_ms, honest.candidate_ms,
+                                               honest.eager_ms)
 
 
 def test_every_seed_is_drawn_on_its_own():
