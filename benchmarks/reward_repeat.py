@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT))
 from hpc.results.hdf5 import read_records  # noqa: E402
 
 
-def one_run(args: argparse.Namespace, folder: Path, k: int) -> dict[str, tuple[float, float, str]]:
-    """{task: (reward, speedup vs compile, status)} of one fresh-cache eval-suite process."""
+def one_run(args: argparse.Namespace, folder: Path, k: int) -> dict[str, tuple]:
+    """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms)}
+    of one fresh-cache eval-suite process."""
     out = folder / f"run-{k}.h5"
     env = {**os.environ, "HPC_CACHE_DIR": str(folder / f"cache-{k}")}
     cmd = [sys.executable, "-m", "hpc.cli", "eval-suite", str(args.tasks), str(args.solutions), "--out", str(out),
@@ -39,7 +40,8 @@ def one_run(args: argparse.Namespace, folder: Path, k: int) -> dict[str, tuple[f
     if not out.exists():
         raise SystemExit(f"run {k} wrote no records (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     print(f"run {k}: {time.monotonic() - t0:.0f} s, exit {proc.returncode}", file=sys.stderr)
-    return {r.task_id: (r.reward, r.speedup_compile, r.status) for r in read_records(out)}
+    return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms)
+            for r in read_records(out)}
 
 
 def main() -> int:
@@ -58,7 +60,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing")) for run in runs]
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 4)) for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
         ok = all(r[2] == "ok" for r in rows)
@@ -68,6 +70,10 @@ def main() -> int:
         within += ok and spread <= 0.03
         print(f"| {task} | {' / '.join(f'{x:g}' for x in rewards)} | {' / '.join(f'{x:.3f}' for x in ratios)} "
               f"| {100 * spread:.1f}% |")
+    print("\n| task | candidate ms per run | eager ms | compile ms | handshake ms |\n|---|---|---|---|---|")
+    for task in tasks:   # which figure moves: the candidate's, a baseline's, or the handshake taken off
+        rows = [run[task] for run in runs if task in run]
+        print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) for i in (3, 4, 5, 6)) + " |")
     n = len(tasks)
     print(f"\nsame reward in all {args.runs} runs: {same}/{n} ({100 * same / max(n, 1):.0f}%); "
           f"vs compile within 3% of the median: {within}/{n} ({100 * within / max(n, 1):.0f}%)")

@@ -23,7 +23,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from hpc.errors import CandidateError, UserError, os_reason, shown
 
@@ -56,7 +56,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
     p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")
     p.add_argument("--config", type=_path, help="YAML evaluation config (see docs/config.md)")
-    p.add_argument("--out", type=_path, help="append records to this HDF5 file")
+    p.add_argument("--out", type=_path, help="append records to this HDF5 file (eval-suite skips a task whose "
+                                                "record, same candidate, it already holds)")
     p.add_argument("--seed", type=_seed, help="fixed seed for inputs (default: fresh random seeds, recorded)")
     p.add_argument("--iterations", type=int, help="timed iterations (default 100)")
 
@@ -156,10 +157,11 @@ def _eval(args, cfg) -> int:
         candidate, reason = load_candidate(args.candidate), ""
     except CandidateError as e:   # there, but no candidate: its failure, recorded like any other
         candidate, reason = None, str(e)
-    with _results(args, cfg) as append:
+    with _results(args, cfg) as store:   # one evaluation asked for by name always runs
         rec = storable(evaluate_safely(task, candidate, cfg) if candidate
                        else unevaluated(task, os.path.abspath(args.candidate), cfg, reason))
-        append(rec)
+        if store is not None:
+            store.append(None, rec)
     print(json.dumps(rec.summary()) if args.json else summary_table([rec]))
     if rec.status == "error":   # the task's or the harness's fault, not the candidate's
         print(one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
@@ -174,20 +176,16 @@ def _eval_suite(args, cfg) -> int:
     from pathlib import Path
 
     from hpc.suite import evaluate_suite, one_line, summary_table
-    from hpc.task import discover_suite
+    from hpc.task import discover_suite, select_tasks
 
     if args.jobs < 1:
         raise UserError(f"--jobs: expected an integer >= 1, got {args.jobs}")
-    tasks = discover_suite(args.tasks)
-    if args.only:
-        tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
-        if not tasks:
-            raise UserError(f"--only matched no task under {shown(args.tasks)}")
+    tasks = select_tasks(discover_suite(args.tasks), args.only, args.tasks)
     if not os.path.isdir(args.candidates):
         raise UserError(f"candidates {shown(args.candidates)}: "
                         f"{'not a folder' if os.path.lexists(args.candidates) else 'no such folder'}")
-    with _results(args, cfg) as append:
-        records = evaluate_suite(tasks, Path(args.candidates), cfg, append, args.jobs)
+    with _results(args, cfg) as store:
+        records = evaluate_suite(tasks, Path(args.candidates), cfg, store, args.jobs)
     print(summary_table(records))
     errors = [r for r in records if r.status == "error"]
     if errors:   # everything is recorded; the exit code still says that some task was not evaluated
@@ -198,23 +196,24 @@ def _eval_suite(args, cfg) -> int:
 
 
 @contextlib.contextmanager
-def _results(args, cfg) -> Iterator[Callable[[object], None]]:
-    """`append` for records into --out (a no-op without it), opened before any evaluation so that a
-    bad --out costs nothing; records already in the file are never touched."""
+def _results(args, cfg) -> Iterator[object]:
+    """The store of --out (None without it), opened before any evaluation so that a bad --out
+    costs nothing; records already in the file are never touched, and their tasks not evaluated
+    again."""
     if not args.out:
-        yield lambda rec: None
+        yield None
         return
     from hpc.config import config_to_dict
-    from hpc.results.hdf5 import ResultWriter, provenance
+    from hpc.results.hdf5 import RecordStore, provenance
 
     what = f"--out {shown(args.out)}"
     _not_special(args.out, what)
     try:
-        writer = ResultWriter(args.out, provenance(config_to_dict(cfg)))
+        store = RecordStore(args.out, provenance(config_to_dict(cfg)))
     except OSError as e:   # its folder cannot be made, or its lock file written
         raise UserError(f"{what}: cannot write ({e.strerror or e})") from None
-    with writer:
-        yield writer.append
+    with store:
+        yield store
 
 
 def _import_kernelbench(args) -> int:

@@ -13,18 +13,18 @@ import logging
 import math
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from hpc.analysis.metrics import make_run, summarize_run
 from hpc.candidate import Candidate, load_candidate
 from hpc.config import EvalConfig
 from hpc.errors import UserError, shown
+from hpc.engine import Item, Unkept, in_threads, run_items
 from hpc.pipeline import evaluate
-from hpc.progress import Progress
-from hpc.results.record import EvalRecord
-from hpc.sandbox.prestart import default_depth, prestarted_workers
+from hpc.results.hdf5 import RecordStore
+from hpc.results.record import EvalRecord, record_key
 from hpc.task import BadTask, Task
 
 logger = logging.getLogger(__name__)
@@ -77,39 +77,73 @@ def storable(rec: EvalRecord) -> EvalRecord:
                                        if isinstance(getattr(rec, f.name), str)})
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One task of a suite with what was found for it: its candidate, or why there is none."""
+
+    task: Task | BadTask
+    path: Path | None                 # where the candidate was looked for and found
+    candidate: Candidate | None
+    problem: str = ""                 # why there is no candidate (missing, malformed)
+
+    def record_key(self) -> tuple[str, str]:
+        """The key its record will have (hpc.results.record.record_key), known before evaluating."""
+        sha = self.candidate.sha256 if self.candidate is not None else ""
+        return self.task.task_id, sha or str(self.path or "")
+
+
+def suite_entries(tasks: list[Task | BadTask], find: Callable[[Task], Path | None], where: str) -> list[Entry]:
+    """Each task with its candidate, loaded (hashed) now so that a run can skip what it recorded.
+    `find` locates a task's candidate; `where` says where, for the missing ones' reason."""
+    entries = []
+    for task in tasks:
+        if isinstance(task, BadTask):
+            entries.append(Entry(task, None, None))
+            continue
+        path = find(task)
+        try:
+            if path is None:
+                raise UserError(f"no candidate for {task.task_id} under {where}")
+            entries.append(Entry(task, path, load_candidate(path)))
+        except UserError as e:   # a missing or malformed candidate is one failed record, not a stopped suite
+            entries.append(Entry(task, path, None, str(e)))
+    return entries
+
+
+def evaluate_entry(entry: Entry, cfg: EvalConfig) -> EvalRecord:
+    """The entry's record (`storable`): an error record for a malformed task, a failed one for a
+    missing or malformed candidate, else the evaluation's."""
+    if isinstance(entry.task, BadTask):
+        return storable(task_error(entry.task, cfg))
+    if entry.candidate is None:
+        return storable(unevaluated(entry.task, entry.path, cfg, entry.problem))
+    return storable(evaluate_safely(entry.task, entry.candidate, cfg))
+
+
+def describe(rec: EvalRecord) -> str:
+    """How a record ended, in one line for a progress log."""
+    return one_line(f"{rec.task_id}: {_status(rec)}")
+
+
 def evaluate_suite(tasks: list[Task | BadTask], candidates_root: Path, cfg: EvalConfig,
-                   on_record: Callable[[EvalRecord], None] | None = None, jobs: int = 1) -> list[EvalRecord]:
-    """Records (`storable`) in task order; `on_record` sees each as it finishes (in this thread).
-    A BadTask is an error record (`task_error`), a missing or malformed candidate a failed one.
+                   store: RecordStore | None = None, jobs: int = 1) -> list[EvalRecord]:
+    """Records (`storable`) in task order. With a `store` each is written as it finishes, and a
+    task whose record (same task, same candidate) the store holds is not evaluated again: its
+    record is the stored one. A BadTask is an error record (`task_error`), a missing or malformed
+    candidate a failed one.
 
     With `jobs` > 1 that many evaluations run at once on the one device: compiles, process starts,
     baselines' torch.compile and correctness overlap, while every timed run holds the device alone
     (hpc.profile.device_lock). Worker processes of the next evaluations start while these run.
     """
-    def one(task: Task | BadTask) -> EvalRecord:
-        if isinstance(task, BadTask):
-            return storable(task_error(task, cfg))
-        path = find_candidate(task, candidates_root)
-        try:
-            if path is None:
-                raise UserError(f"no candidate for {task.task_id} under {shown(candidates_root)}")
-            candidate = load_candidate(path)
-        except UserError as e:   # a missing or malformed candidate is one failed record, not a stopped suite
-            return storable(unevaluated(task, path, cfg, str(e)))
-        return storable(evaluate_safely(task, candidate, cfg))
-
-    records: dict[int, EvalRecord] = {}
-    jobs = max(1, min(jobs, len(tasks)))   # more at once than tasks would only start idle workers
-    with prestarted_workers(default_depth(jobs)), ThreadPoolExecutor(max_workers=jobs) as pool, \
-            Progress(len(tasks), "eval-suite") as progress:
-        futures = {pool.submit(one, task): i for i, task in enumerate(tasks)}
-        for future in as_completed(futures):
-            i = futures[future]
-            rec = records[i] = future.result()
-            progress.advance(one_line(f"[{len(records)}/{len(tasks)}] {rec.task_id}: {_status(rec)}"))
-            if on_record is not None:
-                on_record(rec)
-    return [records[i] for i in range(len(tasks))]
+    entries = suite_entries(tasks, lambda t: find_candidate(t, candidates_root), shown(candidates_root))
+    items = [Item(e.record_key(), e) for e in entries]
+    run = run_items(items, in_threads(lambda item: evaluate_entry(item.payload, cfg), jobs),
+                    store if store is not None else Unkept(), describe=lambda item, rec: describe(rec),
+                    label="eval-suite")
+    written = {record_key(r): r for r in run.written}
+    kept = store.kept() if store is not None else {}
+    return [written.get(item.key) or kept[item.key] for item in items]
 
 
 def one_line(text: str) -> str:

@@ -13,8 +13,10 @@ import os
 import re
 import sys
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from hpc.errors import UserError, read_input, shown, utf8_name
 
@@ -147,3 +149,16 @@ def discover_tasks(root: str | Path) -> list[Task]:
         if isinstance(item, BadTask):
             raise UserError(item.reason)
     return suite
+
+
+TaskLike = TypeVar("TaskLike", bound="Task | BadTask")
+
+
+def select_tasks(tasks: Sequence[TaskLike], only: Sequence[str] | None, where: str | os.PathLike) -> list[TaskLike]:
+    """The tasks whose id contains one of `only` (all when it is empty): what --only and a config's
+    `only:` mean everywhere. UserError when none is left, naming `where` the tasks came from."""
+    chosen = [t for t in tasks if not only or any(s in t.task_id for s in only)]
+    if not chosen:
+        raise UserError(f"tasks {shown(where)}: no task id contains {' or '.join(only)}" if only
+                        else f"tasks {shown(where)}: no tasks")
+    return chosen

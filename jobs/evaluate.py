@@ -38,7 +38,6 @@ import submitit  # noqa: E402
 
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
-from hpc.progress import Progress  # noqa: E402
 
 
 class EvaluateShard(submitit.helpers.Checkpointable):
@@ -47,54 +46,27 @@ class EvaluateShard(submitit.helpers.Checkpointable):
     tells it where it stopped."""
 
     def __call__(self, shard: int, shards: int, items: list[tuple[str, str]], out_dir: str, cfg) -> dict:
-        from hpc.candidate import load_candidate
         from hpc.config import config_to_dict
-        from hpc.pipeline import evaluate
-        from hpc.results.hdf5 import ResultWriter, provenance, read_records
-        from hpc.results.merge import record_key
-        from hpc.sandbox.prestart import prestarted_workers
-        from hpc.suite import unevaluated
+        from hpc.engine import Item, in_threads, run_items
+        from hpc.results.hdf5 import RecordStore, provenance
+        from hpc.suite import describe, evaluate_entry, suite_entries
         from hpc.task import load_task
 
         path = Path(out_dir) / f"shard-{shard:04d}.h5"
-        # a harness error (status "error", e.g. a worker killed by the preemption itself) is not done
-        done = {record_key(r) for r in read_records(path) if r.status != "error"} if path.exists() else set()
         mine = [item for i, item in enumerate(items) if i % shards == shard]
-        evaluated = 0
+        found = {task_path: Path(candidate) if candidate else None for task_path, candidate in mine}
+        entries = suite_entries([load_task(task_path) for task_path, _ in mine], lambda t: found[str(t.path)],
+                                "the candidates")
         preempted = watch_for_sigterm()
-        writer = ResultWriter(path, provenance(config_to_dict(cfg)))
-        progress = Progress(len(mine), f"shard {shard}", sys.stdout)
-        try:
-            with prestarted_workers():   # the next evaluation's processes start while one runs
-                for k, (task_path, candidate_path) in enumerate(mine, 1):
-                    task = load_task(task_path)
-                    try:
-                        candidate = load_candidate(candidate_path) if candidate_path else None
-                    except UserError as e:
-                        candidate, reason = None, str(e)
-                    else:
-                        reason = f"no candidate for {task.task_id}"
-                    if candidate is None:
-                        rec = unevaluated(task, candidate_path, cfg, reason)
-                        if record_key(rec) in done:
-                            continue
-                    elif (task.task_id, candidate.sha256) in done:
-                        continue
-                    else:
-                        rec = evaluate(task, candidate, cfg)
-                    if preempted.is_set():   # Slurm is ending this task: its workers died with it
-                        print(f"shard {shard}: preempted during {task.task_id}; it runs again after the requeue",
-                              flush=True)
-                        break
-                    writer.append(rec)
-                    evaluated += 1
-                    state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
-                    progress.advance(f"shard {shard}: [{k}/{len(mine)}] {rec.task_id}: {state}")
-        finally:
-            writer.close()
-            progress.close()
+        with RecordStore(path, provenance(config_to_dict(cfg))) as store:
+            run = run_items([Item(e.record_key(), e) for e in entries],
+                            in_threads(lambda item: evaluate_entry(item.payload, cfg)), store,
+                            describe=lambda item, rec: describe(rec), label=f"shard {shard}", stop=preempted,
+                            stream=sys.stdout)
+        if run.stopped:
+            print(f"shard {shard}: preempted; what it had not recorded runs again after the requeue", flush=True)
         _exit_if_preempted(preempted)
-        return {"shard": shard, "file": str(path), "evaluated": evaluated, "skipped": len(mine) - evaluated}
+        return {"shard": shard, "file": str(path), "evaluated": run.evaluated, "skipped": run.skipped}
 
 
 class EvaluatePolicyShard(submitit.helpers.Checkpointable):
@@ -121,14 +93,9 @@ def _exit_if_preempted(preempted: threading.Event) -> None:
 
 def _tasks(tasks_dir: str, only: list[str] | None) -> list:
     """The suite's tasks, those whose id contains one of `only` when given."""
-    from hpc.task import discover_tasks
+    from hpc.task import discover_tasks, select_tasks
 
-    tasks = discover_tasks(tasks_dir)
-    if only:
-        tasks = [t for t in tasks if any(s in t.task_id for s in only)]
-    if not tasks:
-        raise UserError(f"no task under {tasks_dir}" + (f" matches {only}" if only else ""))
-    return tasks
+    return select_tasks(discover_tasks(tasks_dir), only, tasks_dir)
 
 
 def work_items(tasks: list, candidates_dir: str, out: Path) -> list[tuple[str, str]]:

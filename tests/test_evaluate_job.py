@@ -10,7 +10,7 @@ import time
 from collections import Counter
 
 from hpc.results.hdf5 import read_records
-from hpc.results.merge import record_key
+from hpc.results.record import record_key
 from tests.conftest import ROOT
 from tests.test_pool import _suite
 

@@ -51,52 +51,46 @@ def _config(args):
 
 
 def coordinate(comm, args, cfg) -> int:
-    from hpc.candidate import load_candidate
     from hpc.config import config_to_dict
+    from hpc.engine import Item, run_items
     from hpc.pool.coordinator import Coordinator
     from hpc.pool.messages import WorkItem
-    from hpc.progress import Progress
-    from hpc.results.hdf5 import ResultWriter, provenance, read_records
+    from hpc.results.hdf5 import RecordStore, provenance
     from hpc.results.record import EvalRecord
-    from hpc.suite import find_candidate, unevaluated
-    from hpc.task import discover_tasks
+    from hpc.suite import evaluate_entry, one_line, suite_entries, find_candidate
+    from hpc.task import discover_tasks, select_tasks
 
-    tasks = discover_tasks(args.tasks)
-    if args.only:
-        tasks = [t for t in tasks if any(s in t.task_id for s in args.only)]
-    done = set()
-    if Path(args.out).exists():
-        done = {(r.task_id, r.candidate_sha256) for r in read_records(args.out) if r.status != "error"}
+    tasks = select_tasks(discover_tasks(args.tasks), args.only, args.tasks)
+    entries = suite_entries(tasks, lambda t: find_candidate(t, Path(args.candidates)), args.candidates)
+    items = [Item(e.record_key(), e) for e in entries]
     pool = Coordinator(comm, list(range(1, comm.Get_size())), args.dead_after, args.retries)
-    writer = ResultWriter(args.out, provenance(config_to_dict(cfg)))
-    todo = 0
-    try:
-        for task in tasks:
-            path = find_candidate(task, Path(args.candidates))
-            if path is None:
-                writer.append(unevaluated(task, None, cfg, f"no candidate for {task.task_id} under {args.candidates}"))
+    answered: dict[str, tuple[int, float]] = {}   # task id -> (worker rank, seconds)
+
+    def on_the_pool(todo, stop):
+        """Requests for the entries with a candidate; the others' records made here."""
+        sent = {}
+        for item in todo:
+            entry = item.payload
+            if entry.candidate is None:
+                yield item, evaluate_entry(entry, cfg)
                 continue
-            try:
-                sha = load_candidate(path).sha256
-            except UserError as e:
-                writer.append(unevaluated(task, path, cfg, str(e)))
-                continue
-            if (task.task_id, sha) in done:
-                continue
-            pool.submit(WorkItem(id=task.task_id, task=str(task.path), candidate=str(path), timeout_s=args.timeout,
-                                 meta={"task_id": task.task_id}))
-            todo += 1
-        print(f"pool: {todo} to evaluate, {len(done)} already recorded, {len(pool.live)} worker ranks",
-              file=sys.stderr, flush=True)
-        with Progress(todo, "pool") as progress:
-            for k, result in enumerate(pool.results(), 1):
-                rec = EvalRecord(**result.record)
-                writer.append(rec)
-                state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
-                progress.advance(f"[{k}/{todo}] {rec.task_id} (rank {result.rank}, {result.seconds:.1f} s): {state}")
-        clean = pool.close()
-    finally:
-        writer.close()
+            sent[entry.task.task_id] = item
+            pool.submit(WorkItem(id=entry.task.task_id, task=str(entry.task.path), candidate=str(entry.path),
+                                 timeout_s=args.timeout, meta={"task_id": entry.task.task_id}))
+        print(f"pool: {len(sent)} to evaluate, {len(items) - len(todo)} already recorded, {len(pool.live)} worker "
+              "ranks", file=sys.stderr, flush=True)
+        for result in pool.results():
+            answered[result.id] = (result.rank, result.seconds)
+            yield sent[result.id], EvalRecord(**result.record)
+
+    def describe(item, rec) -> str:
+        state = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
+        rank, seconds = answered.get(rec.task_id, (0, 0.0))
+        return one_line(f"{rec.task_id} (rank {rank}, {seconds:.1f} s): {state}")
+
+    with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:
+        run_items(items, on_the_pool, store, describe=describe, label="pool")
+    clean = pool.close()
     print(f"pool: {pool.usage_line()}", file=sys.stderr, flush=True)
     for rank, reason in sorted(pool.dead.items()):
         print(f"pool: lost {reason}", file=sys.stderr, flush=True)

@@ -32,7 +32,7 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError, shown
-from hpc.results.record import FIELDS, EvalRecord
+from hpc.results.record import FIELDS, EvalRecord, record_key
 
 SCHEMA_VERSION = 4
 # columns newer than version 1: older files read them as defaults (version 3 also dropped
@@ -117,6 +117,40 @@ class ResultWriter(AppendingFile):
         source or a file name can hold anything)."""
         append_rows(self.file, self.group, {fd.name: [shown(v) if isinstance(v := getattr(record, fd.name), str) else v]
                                             for fd in FIELDS})
+
+    def records(self) -> list[EvalRecord]:
+        """Every complete record of the file, read through this writer's own handle."""
+        return _as_records(*complete_rows(self.group))
+
+
+class RecordStore:
+    """The store of a run of evaluations (hpc.engine) whose results are EvalRecords: one results
+    file, its finished records found by `record_key`. A harness error (status error: a worker
+    killed by a preemption, say) is not finished, so a resumed run evaluates it again."""
+
+    def __init__(self, path: str | os.PathLike, attrs: dict[str, str] | None = None,
+                 writer: type[ResultWriter] = ResultWriter):
+        self.writer = writer(path, attrs)
+        self._kept = {record_key(r): r for r in self.writer.records() if r.status != "error"}
+
+    def finished(self) -> set[tuple[str, str]]:
+        return set(self._kept)
+
+    def kept(self) -> dict[tuple[str, str], EvalRecord]:
+        """The finished records the file held when the run started, by key (the latest of each)."""
+        return dict(self._kept)
+
+    def append(self, item: object, record: EvalRecord) -> None:
+        self.writer.append(record)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def __enter__(self) -> "RecordStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _create_layout(f: h5py.File) -> None:
@@ -242,7 +276,10 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     """Every complete record of a results file (SWMR-safe while a writer is still appending)."""
     path = Path(path)
-    columns, n = read_retrying(path, lambda f: complete_rows(_records_group(f, path)))
+    return _as_records(*read_retrying(path, lambda f: complete_rows(_records_group(f, path))))
+
+
+def _as_records(columns: dict[str, np.ndarray], n: int) -> list[EvalRecord]:
     return [EvalRecord(**{fd.name: to_python(columns[fd.name][i]) for fd in FIELDS if fd.name in columns})
             for i in range(n)]
 

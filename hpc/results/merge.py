@@ -17,20 +17,8 @@ from pathlib import Path
 
 from hpc.errors import UserError
 from hpc.results.hdf5 import ResultWriter, file_attrs, file_groups, read_records
-from hpc.results.record import EvalRecord
+from hpc.results.record import EvalRecord, record_key
 from hpc.results.training import TRAIN_GROUP, EvaluationWriter, read_trajectories
-
-POLICY_SAMPLE = "policy:"   # candidate_path of one sample of a policy evaluation: policy:<checkpoint>#<task>/<k>
-
-
-def record_key(rec: EvalRecord) -> tuple[str, str]:
-    """What makes two records one evaluation: the task and the candidate's hash (its path without
-    one). A sample of a policy is keyed by its sample id (its `policy:` path) instead: two samples
-    that end with the same code are still two samples."""
-    if rec.candidate_path.startswith(POLICY_SAMPLE):
-        return rec.task_id, rec.candidate_path
-    return rec.task_id, rec.candidate_sha256 or rec.candidate_path
-
 
 def merge_records(records: list[EvalRecord]) -> list[EvalRecord]:
     best: dict[tuple[str, str], EvalRecord] = {}

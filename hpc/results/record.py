@@ -87,3 +87,15 @@ def _num(x: float):
 
 
 FIELDS = [f for f in dataclasses.fields(EvalRecord)]
+
+
+POLICY_SAMPLE = "policy:"   # candidate_path of one sample of a policy evaluation: policy:<checkpoint>#<task>/<k>
+
+
+def record_key(rec: EvalRecord) -> tuple[str, str]:
+    """What makes two records one evaluation: the task and the candidate's hash (its path without
+    one). A sample of a policy is keyed by its sample id (its `policy:` path) instead: two samples
+    that end with the same code are still two samples."""
+    if rec.candidate_path.startswith(POLICY_SAMPLE):
+        return rec.task_id, rec.candidate_path
+    return rec.task_id, rec.candidate_sha256 or rec.candidate_path

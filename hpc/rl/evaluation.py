@@ -23,7 +23,7 @@ from pathlib import Path
 from hpc.agent.config import AgentConfig, agent_config, agent_config_dict
 from hpc.config import EvalConfig
 from hpc.errors import UserError
-from hpc.results.merge import POLICY_SAMPLE
+from hpc.results.record import POLICY_SAMPLE, EvalRecord
 from hpc.rl.trainer import PolicyCheckpoint, find_policy_checkpoint
 from hpc.task import Task
 
@@ -94,74 +94,97 @@ def check_out(out: Path, ev: PolicyEvaluation) -> None:
                             "evaluate this checkpoint into another folder")
 
 
+class SampleStore:
+    """A shard file of a policy evaluation as the store of its run (hpc.engine): per sample, the
+    trajectory and then the record, so a sample whose record a crash lost is played again, and the
+    merge keeps only the trajectory of the record it keeps."""
+
+    def __init__(self, path: Path, attrs: dict[str, str], step: int):
+        from hpc.results.hdf5 import RecordStore
+        from hpc.results.training import EvaluationWriter
+
+        self.records = RecordStore(path, attrs, EvaluationWriter)
+        self.step = step
+
+    def finished(self) -> set:
+        return self.records.finished()
+
+    def append(self, item, result: tuple[dict, EvalRecord]) -> None:
+        trajectory, record = result
+        self.records.writer.append_trajectories(self.step, STAGE, [trajectory])
+        self.records.append(item, record)
+
+    def close(self) -> None:
+        self.records.close()
+
+
 def evaluate_shard(ev: PolicyEvaluation, items: list[tuple[str, int]], shard: int, shards: int, out: Path,
                    cfg: EvalConfig, preempted: threading.Event) -> dict:
-    """Play and score this shard's samples that its file lacks, writing each batch's trajectories,
-    then records, as the batch ends. Stops recording once `preempted` is set (the requeued task
-    plays the rest). Returns the summary jobs/evaluate.py prints."""
+    """Play and score this shard's samples that its file lacks, `ev.batch` episodes generated
+    together, recording each sample as its batch ends. Stops once `preempted` is set (the requeued
+    task plays the rest). Returns the summary jobs/evaluate.py prints."""
     from hpc.agent.backend import CachedBackend, LocalBackend
     from hpc.agent.episode import Episode
     from hpc.config import config_to_dict
+    from hpc.engine import Item, run_items
     from hpc.policy.generate import SamplingParams
-    from hpc.progress import Progress
-    from hpc.results.hdf5 import provenance, read_records
-    from hpc.results.merge import record_key
-    from hpc.results.training import EvaluationWriter
+    from hpc.results.hdf5 import provenance
     from hpc.rl.rollout import rollout
     from hpc.rl.trainer import load_policy
     from hpc.sandbox.prestart import prestarted_workers
     from hpc.task import load_task
 
     path = out / f"shard-{shard:04d}.h5"
-    done = {record_key(r) for r in read_records(path) if r.status != "error"} if path.exists() else set()
     mine = [item for i, item in enumerate(items) if i % shards == shard]
     tasks = {p: load_task(p) for p in dict.fromkeys(p for p, _ in mine)}
-    pending = [(tasks[p], k) for p, k in mine if (tasks[p].task_id, ev.sample_path(tasks[p].task_id, k)) not in done]
-    summary = {"shard": shard, "file": str(path), "evaluated": 0, "skipped": len(mine) - len(pending)}
-    if not pending:
-        return summary
-    policy = load_policy(ev.checkpoint)
-    backend = CachedBackend(LocalBackend(cfg))   # an identical state of a task is scored once
-    count = lambda text: len(policy.tokenizer.encode(text))  # noqa: E731
+    samples = [Item((tasks[p].task_id, ev.sample_path(tasks[p].task_id, k)), (tasks[p], k)) for p, k in mine]
     folder = out / f"episodes-{shard:04d}"
     run_cfg = ev.checkpoint.config
-    writer = EvaluationWriter(path, {**provenance(config_to_dict(cfg)), **ev.attrs()})
-    progress = Progress(len(pending), f"shard {shard}", sys.stdout)
-    try:
+    turns: dict = {}   # sample key -> (how its episode ended, replies)
+
+    def play(todo, stop):
+        """The samples' episodes, a batch at a time; the policy loads only when one is left to play."""
+        if not todo:
+            return
+        policy = load_policy(ev.checkpoint)
+        backend = CachedBackend(LocalBackend(cfg))   # an identical state of a task is scored once
+        count = lambda text: len(policy.tokenizer.encode(text))  # noqa: E731
         with prestarted_workers():   # the next evaluation's processes start while one runs
-            for start in range(0, len(pending), ev.batch):
-                batch = pending[start:start + ev.batch]
+            for start in range(0, len(todo), ev.batch):
+                if stop.is_set():
+                    return
+                batch = todo[start:start + ev.batch]
                 shutil.rmtree(folder, ignore_errors=True)   # a killed run's episodes
-                episodes = [Episode(task, backend, ev.agent, folder / f"{i:04d}", count_tokens=count,
-                                    system_in_context=run_cfg.include_system) for i, (task, _) in enumerate(batch)]
+                episodes = [Episode(item.payload[0], backend, ev.agent, folder / f"{i:04d}", count_tokens=count,
+                                    system_in_context=run_cfg.include_system) for i, item in enumerate(batch)]
                 params = SamplingParams(max_new_tokens=ev.agent.max_response_tokens, temperature=ev.temperature,
                                         top_p=ev.top_p, seed=ev.seed * 1_000_003 + shard * 7919 + start)
                 try:
-                    samples, _ = rollout(policy.model, policy.cfg, policy.format, episodes, list(range(len(batch))),
-                                         params, run_cfg.rollout.concurrency)
+                    played, _ = rollout(policy.model, policy.cfg, policy.format, episodes, list(range(len(batch))),
+                                        params, run_cfg.rollout.concurrency)
                 finally:
                     for e in episodes:
                         e.close()
                     shutil.rmtree(folder, ignore_errors=True)
-                if preempted.is_set():   # Slurm is ending this task: its evaluator workers died with it
-                    print(f"shard {shard}: preempted; its unrecorded samples run again after the requeue", flush=True)
-                    break
-                trajectories = []
-                for (task, k), sample in zip(batch, samples):
+                for item, sample in zip(batch, played):
+                    task, k = item.payload
                     sample.trajectory.record["candidate_path"] = ev.sample_path(task.task_id, k)
-                    trajectories.append({**sample.trajectory.to_dict(), "sample": k})
-                # trajectories first: a sample whose record a crash lost is played again, and the merge
-                # keeps only the trajectory of the record it keeps
-                writer.append_trajectories(ev.checkpoint.step, STAGE, trajectories)
-                for (task, k), sample in zip(batch, samples):
-                    rec = sample.trajectory.eval_record()
-                    writer.append(rec)
-                    summary["evaluated"] += 1
-                    outcome = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
-                    progress.advance(f"shard {shard}: {task.task_id} sample {k} ({sample.trajectory.end_reason}, "
-                                     f"{sample.replies} turns): {outcome}")
-    finally:
-        writer.close()
-        progress.close()
-    return summary
+                    turns[item.key] = (sample.trajectory.end_reason, sample.replies)
+                    yield item, ({**sample.trajectory.to_dict(), "sample": k}, sample.trajectory.eval_record())
 
+    def describe(item, result) -> str:
+        task, k = item.payload
+        rec = result[1]
+        end, replies = turns[item.key]
+        outcome = rec.reason if rec.failed_stage else f"reward {rec.reward:g}"
+        return f"{task.task_id} sample {k} ({end}, {replies} turns): {outcome}"
+
+    store = SampleStore(path, {**provenance(config_to_dict(cfg)), **ev.attrs()}, ev.checkpoint.step)
+    try:
+        run = run_items(samples, play, store, describe=describe, label=f"shard {shard}", stop=preempted,
+                        stream=sys.stdout)
+    finally:
+        store.close()
+    if run.stopped:
+        print(f"shard {shard}: preempted; its unrecorded samples run again after the requeue", flush=True)
+    return {"shard": shard, "file": str(path), "evaluated": run.evaluated, "skipped": run.skipped}

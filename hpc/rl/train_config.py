@@ -57,7 +57,7 @@ class RolloutConfig:
 class TrainConfig:
     seed: int = 0
     tasks: str = "kernels/tasks"
-    only: list[str] = field(default_factory=list)     # task ids or prefixes (level1, level2/01_...)
+    only: list[str] = field(default_factory=list)     # task ids containing one of these (level1, 01_gelu)
     solutions: str = "kernels/solutions"              # sft demonstrations
     starter_demonstrations: bool = False              # also the reply that leaves the starter as it is
     init: str = ""                 # "": random weights; a HF directory or a checkpoint root

@@ -55,7 +55,7 @@ from hpc.rl.staged import pipeline_gather
 from hpc.rl.supervised import reference_logprobs, sft_step, value_step
 from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config, train_config_dict
 from hpc.rl.update import ppo_epochs
-from hpc.task import Task, discover_tasks
+from hpc.task import Task, discover_tasks, select_tasks
 
 if TYPE_CHECKING:
     from hpc.policy.serve import ServedPolicy
@@ -72,16 +72,6 @@ class Position:
     step: int = 0              # global steps done
     stage: int = 0             # index of the current stage
     stage_step: int = 0        # steps done in it
-
-
-def select_tasks(root: str | Path, only: list[str]) -> list[Task]:
-    """The tasks under `root` whose id equals or starts with one of `only` (all when empty)."""
-    tasks = discover_tasks(root)
-    if only:
-        tasks = [t for t in tasks if any(t.task_id.startswith(o) for o in only)]
-    if not tasks:
-        raise UserError(f"tasks {root}: no task matches {only or 'anything'}")
-    return tasks
 
 
 @dataclass
@@ -212,7 +202,7 @@ class Trainer:
         self.is_writer = self.layout.rank == 0
         self.device = torch.device(self.layout.device)
         self.dp = DataParallel()
-        self.tasks = select_tasks(cfg.tasks, cfg.only)
+        self.tasks = select_tasks(discover_tasks(cfg.tasks), cfg.only, cfg.tasks)
         self._check_minibatches()
         self.demos: list[Demonstration] = []
         if any(s.kind == "sft" and s.data == "solutions" for s in cfg.stages) or cfg.tokenizer.startswith(BPE_KINDS):

@@ -19,13 +19,11 @@ import shutil
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc.engine import Item, in_threads, run_items
 from hpc.errors import UserError
-from hpc.progress import Progress
-from hpc.sandbox.prestart import default_depth, prestarted_workers
 from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.filters import FILTERS, FilterChain
 from hpc.synthesis.manifest import run_stats, write_manifest
@@ -136,6 +134,36 @@ def _check_header(path: Path, header: dict, expected: dict, keys: tuple[str, ...
                             f"{expected[key]!r}); use a new output folder")
 
 
+class ShardFile:
+    """A shard's JSONL file as the store of its run (hpc.engine): one line per checked candidate,
+    fsync'd before the next, keyed by the candidate's index."""
+
+    def __init__(self, path: Path, header: dict):
+        self.path = path
+        self.records: list[dict] = []
+        if path.exists():
+            found, self.records, good = read_shard(path)
+            if found is None:
+                path.unlink()
+            else:
+                _check_header(path, found, header, ("shard", "shards", "count", "fingerprint"))
+                with open(path, "r+b") as f:
+                    f.truncate(good)   # a torn last line, from a shard killed mid-write
+        if not path.exists():
+            path.write_text(json.dumps(header) + "\n")
+        self.accepted = 0
+
+    def finished(self) -> set[int]:
+        return {rec["index"] for rec in self.records}
+
+    def append(self, item, rec: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.accepted += rec["accepted"]
+
+
 def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
               stop: threading.Event | None = None, deadline: float | None = None) -> dict:
     """Filter this shard's candidates not yet in its file. With `stop` set (SIGTERM from Slurm),
@@ -146,65 +174,35 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
     workers' processes start ahead (hpc.sandbox.prestart) where the machine has the cores."""
     source = Source(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    path = shard_path(out, shard)
-    expected = _header(cfg, shard, shards, len(source))
-    records: list[dict] = []
-    if path.exists():
-        header, records, good = read_shard(path)
-        if header is None:
-            path.unlink()
-        else:
-            _check_header(path, header, expected, ("shard", "shards", "count", "fingerprint"))
-            with open(path, "r+b") as f:
-                f.truncate(good)
-    if not path.exists():
-        path.write_text(json.dumps(expected) + "\n")
+    store = ShardFile(shard_path(out, shard), _header(cfg, shard, shards, len(source)))
     benchmark = BenchmarkIndex(cfg.benchmark) if cfg.benchmark and "contaminated" not in cfg.filters.skip else None
     chain = FilterChain(cfg, benchmark)
-    for rec in records:
+    for rec in store.records:
         if rec["accepted"]:
             chain.remember(rec["ast_hash"], rec["index"])
-    done = {rec["index"] for rec in records}
-    todo = [i for i in range(shard, len(source), shards) if i not in done]
-    stop = stop or threading.Event()
     cut = threading.Event()
-    write_lock = threading.Lock()
-    bar = Progress(len(todo), f"shard {shard}", sys.stderr, every_s=30.0)
-    accepted = 0
 
-    def one(index: int) -> None:
-        nonlocal accepted
-        if stop.is_set():
-            return
+    def check(item: Item[int]) -> dict | None:
+        """The candidate's verdict as its shard line; None when the time budget is spent."""
         if deadline is not None and time.monotonic() >= deadline:
             cut.set()
-            return
-        proposal = source.get(index)
+            return None
+        proposal = source.get(item.payload)
         t0 = time.monotonic()
-        verdict = chain.check(index, proposal.code, proposal.stem)
-        if stop.is_set():
-            return
-        rec = {"index": index, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
-               "ops": proposal.ops, "data_source": proposal.data_source, "code": proposal.code,
-               **{k: v for k, v in dataclasses.asdict(verdict).items() if k != "eager_ms"},
-               "eager_ms": None if math.isnan(verdict.eager_ms) else verdict.eager_ms,
-               "wall_s": round(time.monotonic() - t0, 3)}
-        with write_lock:
-            with open(path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            accepted += verdict.accepted
-            state = "accepted" if verdict.accepted else f"{verdict.filter}: {verdict.reason[:160]}"
-            bar.advance(f"shard {shard}: {proposal.stem}: {state}")
+        verdict = chain.check(item.payload, proposal.code, proposal.stem)
+        return {"index": item.payload, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
+                "ops": proposal.ops, "data_source": proposal.data_source, "code": proposal.code,
+                **{k: v for k, v in dataclasses.asdict(verdict).items() if k != "eager_ms"},
+                "eager_ms": None if math.isnan(verdict.eager_ms) else verdict.eager_ms,
+                "wall_s": round(time.monotonic() - t0, 3)}
 
-    with prestarted_workers(default_depth(cfg.workers)), ThreadPoolExecutor(max_workers=cfg.workers) as pool:
-        for future in [pool.submit(one, i) for i in todo]:
-            future.result()
-    bar.close()
-    checked = len(read_shard(path)[1]) - len(records)
-    return {"shard": shard, "file": str(path), "checked": checked, "skipped": len(done),
-            "accepted": accepted, "preempted": stop.is_set(), "cut_by_deadline": cut.is_set()}
+    def describe(item: Item[int], rec: dict) -> str:
+        return f"{rec['stem']}: " + ("accepted" if rec["accepted"] else f"{rec['filter']}: {rec['reason'][:160]}")
+
+    run = run_items([Item(i, i) for i in range(shard, len(source), shards)], in_threads(check, cfg.workers), store,
+                    describe=describe, label=f"shard {shard}", stop=stop, progress_every_s=30.0)
+    return {"shard": shard, "file": str(store.path), "checked": run.evaluated, "skipped": run.skipped,
+            "accepted": store.accepted, "preempted": run.stopped, "cut_by_deadline": cut.is_set()}
 
 
 def _read_run(out: Path, cfg: SynthesisConfig | None) -> tuple[list[dict], list[dict]]:

@@ -1,0 +1,93 @@
+"""The one engine every run of evaluations goes through (hpc.engine): resume, write as results
+arrive, stop on preemption, progress; and the one meaning of --only (hpc.task.select_tasks)."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import pytest
+
+from hpc.engine import Item, in_threads, run_items
+from hpc.errors import UserError
+from hpc.results.hdf5 import RecordStore, read_records
+from hpc.results.record import EvalRecord
+from hpc.task import BadTask, select_tasks
+
+
+class ListStore:
+    def __init__(self, finished=()):
+        self.kept = {key: f"old {key}" for key in finished}
+        self.appended: list = []
+
+    def finished(self):
+        return set(self.kept)
+
+    def append(self, item, result):
+        self.appended.append((item.key, result))
+
+
+def _items(n: int) -> list[Item]:
+    return [Item(f"k{i}", i) for i in range(n)]
+
+
+def test_items_the_store_holds_are_skipped_and_the_rest_written_as_they_finish():
+    store, out = ListStore(finished={"k1", "k3"}), io.StringIO()
+    run = run_items(_items(5), in_threads(lambda item: item.payload * 10, jobs=2, prestart=False), store,
+                    describe=lambda item, r: f"item {item.payload}: {r}", label="test", stream=out)
+    assert sorted(store.appended) == [("k0", 0), ("k2", 20), ("k4", 40)]
+    assert (run.items, run.skipped, run.evaluated, run.written, run.stopped) == (5, 2, 3, [0, 20, 40], False)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("test: [")]
+    assert len(lines) == 3 and lines[-1].startswith("test: [3/3] item ")
+
+
+def test_once_stop_is_set_nothing_more_starts_or_is_written():
+    """A result that finishes after the stop is not written (its workers may have died with the job),
+    and no later item starts: the requeued run does them."""
+    stop, started = threading.Event(), []
+
+    def evaluate(item):
+        started.append(item.payload)
+        if item.payload == 1:
+            stop.set()   # SIGTERM arrives while item 1 runs
+        return item.payload
+
+    store = ListStore()
+    run = run_items(_items(4), in_threads(evaluate, jobs=1, prestart=False), store, describe=lambda i, r: "",
+                    label="test", stop=stop, stream=io.StringIO())
+    assert store.appended == [("k0", 0)] and started == [0, 1]
+    assert run.stopped and run.evaluated == 1
+
+
+def test_an_item_left_unrun_is_neither_written_nor_counted():
+    store = ListStore()
+    run = run_items(_items(3), in_threads(lambda item: None if item.payload == 2 else item.payload, prestart=False),
+                    store, describe=lambda i, r: "", label="test", stream=io.StringIO())
+    assert store.appended == [("k0", 0), ("k1", 1)] and (run.unrun, run.evaluated) == (1, 2)
+
+
+def test_a_results_file_resumes_by_record_key_and_a_harness_error_runs_again(tmp_path):
+    path = tmp_path / "r.h5"
+    with RecordStore(path) as store:
+        store.append(None, EvalRecord(task_id="level1/a", candidate_sha256="aa", reward=3.0))
+        store.append(None, EvalRecord(task_id="level1/b", candidate_sha256="bb", status="error"))
+    items = [Item(("level1/a", "aa"), "a"), Item(("level1/b", "bb"), "b"), Item(("level1/a", "a2"), "a changed")]
+    with RecordStore(path) as store:
+        assert store.finished() == {("level1/a", "aa")}
+        run = run_items(items, in_threads(lambda item: EvalRecord(task_id=f"level1/{item.payload[0]}",
+                                                                  candidate_sha256=item.key[1], reward=1.0),
+                                          prestart=False),
+                        store, describe=lambda i, r: "", label="test", stream=io.StringIO())
+    assert (run.skipped, run.evaluated) == (1, 2)
+    assert sorted((r.task_id, r.candidate_sha256, r.status) for r in read_records(path)) == [
+        ("level1/a", "a2", "ok"), ("level1/a", "aa", "ok"), ("level1/b", "bb", "error"), ("level1/b", "bb", "ok")]
+
+
+def test_only_means_the_task_ids_containing_one_of_the_strings():
+    tasks = [BadTask(Path(f"{t}.py"), t, 1, "") for t in ("level1/01_gelu", "level1/02_relu", "level2/01_gemm_gelu")]
+    assert [t.task_id for t in select_tasks(tasks, ["gelu"], "tasks")] == ["level1/01_gelu", "level2/01_gemm_gelu"]
+    assert [t.task_id for t in select_tasks(tasks, ["level1/", "gemm"], "tasks")] == [t.task_id for t in tasks]
+    assert select_tasks(tasks, [], "tasks") == tasks
+    with pytest.raises(UserError, match="no task id contains conv or pool"):
+        select_tasks(tasks, ["conv", "pool"], "tasks")
