@@ -26,8 +26,8 @@ from pathlib import Path
 from hpc.errors import UserError
 from hpc.progress import Progress
 from hpc.sandbox.prestart import default_depth, prestarted_workers
-from hpc.synthesis.config import SynthesisConfig
-from hpc.synthesis.filters import FILTERS, FilterChain
+from hpc.synthesis.config import FILTERS, SynthesisConfig
+from hpc.synthesis.filters import FilterChain
 from hpc.synthesis.manifest import run_stats, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
 
