@@ -1,5 +1,6 @@
 """The docs say what the code does: every results column and the schema versions in
-results/SCHEMA.md. Each failure names what is missing."""
+results/SCHEMA.md, and no doc or test citing a path outside the repository (it exists on one
+machine only). Each failure names what is missing."""
 
 from __future__ import annotations
 
@@ -84,3 +85,26 @@ def test_schema_md_states_the_versions_the_code_writes():
     problems += _version_problems("/train", text[training:policy], TRAIN_SCHEMA_VERSION,
                                   "TRAIN_SCHEMA_VERSION, hpc/results/training.py")
     assert not problems, "results/SCHEMA.md's schema versions:\n" + "\n".join(problems)
+
+
+# Files that cite paths: the docs, the READMEs a reader starts from, the schema, and the tests.
+CITING = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", SCHEMA_DOC, ROOT / "jobs" / "README.md",
+          *sorted((ROOT / "tests").glob("*.py"))]
+# A checkout's or a person's folder, a data disk, or a sibling of the repository reached by
+# climbing out of it: none of them is there in another clone. System paths (/usr, /tmp, /proc,
+# /dev, /etc, ...) and placeholders (ROOT/work/, $VAR/...) are not matched.
+OUTSIDE = re.compile(r"(?<![\w.$/-])(?:/(?:work|root|home|data)/|(?:\.\./)+shared\b)[^\s`'\")\]]*")
+MARKDOWN_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)\s#]+)")
+
+
+def test_no_doc_or_test_cites_a_path_outside_the_repository():
+    found = []
+    for path in CITING:
+        where = path.relative_to(ROOT)
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            found += [f"{where}:{number}: {m.group(0)}" for m in OUTSIDE.finditer(line)]
+            if path.suffix == ".md":
+                found += [f"{where}:{number}: link {m.group(1)}" for m in MARKDOWN_LINK.finditer(line)
+                          if not (path.parent / m.group(1)).resolve().is_relative_to(ROOT.resolve())]
+    assert not found, "paths outside the repository (refer to the repository's own files, a config key or an " \
+                      "environment variable instead):\n" + "\n".join(found)
