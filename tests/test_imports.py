@@ -8,6 +8,7 @@ import moved into a function still ties the modules together."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -49,8 +50,9 @@ def _owner(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
+@lru_cache
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports anywhere in its source."""
+    """Module -> the package's modules it imports anywhere in its source (read once per package)."""
     modules = _module_names(package)
     graph: dict[str, set[str]] = {}
     for module, path in modules.items():
