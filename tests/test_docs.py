@@ -1,17 +1,38 @@
-"""The docs say what the code does: every results column and the schema versions in
-results/SCHEMA.md, and no doc or test citing a path outside the repository (it exists on one
-machine only). Each failure names what is missing."""
+"""The docs say what the code does: every config key with its default in docs/config.md, every
+results column and the schema versions in results/SCHEMA.md, and no doc or test citing a path
+outside the repository (it exists on one machine only). Each failure names what is missing."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import re
+from typing import Any, get_args, get_origin, get_type_hints
 
+import yaml
+
+from hpc.agent.config import AgentConfig
+from hpc.config import EvalConfig
+from hpc.policy.config import PolicyModelConfig
 from hpc.results.hdf5 import ADDED_IN, SCHEMA_VERSION
 from hpc.results.record import FIELDS
 from hpc.results.training import STEP_ADDED_IN, STEP_FIELDS, TRAIN_SCHEMA_VERSION, TRAJECTORY_FIELDS
+from hpc.rl.train_config import TrainConfig
+from hpc.synthesis.config import SynthesisConfig
 from tests.conftest import ROOT
 
+CONFIG_DOC = ROOT / "docs" / "config.md"
 SCHEMA_DOC = ROOT / "results" / "SCHEMA.md"
+
+# The configs a user's YAML file sets (`hpc eval --config`, `python -m hpc.agent --config`,
+# `hpc synthesize --config`, a policy model file or the training config's `policy:`,
+# `jobs/train.py --config`): each is one YAML block in the section of docs/config.md whose heading
+# names the class. A config nested in another (the training config's `agent:`) is documented in
+# its own section; the outer block names its key and may show a few of its keys.
+DOCUMENTED = (EvalConfig, AgentConfig, SynthesisConfig, PolicyModelConfig, TrainConfig)
+# Keys a loader takes besides the dataclass's fields, with their defaults: policy_config takes
+# `preset` out of the mapping before building the dataclass.
+EXTRA_KEYS: dict[type, dict[str, Any]] = {PolicyModelConfig: {"preset": "tiny"}}
 
 
 def _sections(text: str) -> dict[str, str]:
@@ -28,6 +49,96 @@ def _sections(text: str) -> dict[str, str]:
         stop = next((other for other, depth, _ in headings[k + 1:] if depth <= level), len(lines))
         sections[title] = "".join(lines[number + 1:stop])
     return sections
+
+
+def _config_block(cls: type, doc: str) -> str:
+    """The YAML block of the docs/config.md section whose heading names `cls`."""
+    titled = [body for title, body in _sections(doc).items() if f"`{cls.__name__}`" in title]
+    assert len(titled) == 1, f"docs/config.md: {len(titled)} sections have `{cls.__name__}` in their heading, not 1"
+    blocks = re.findall(r"^```yaml\n(.*?)^```", titled[0], re.M | re.S)
+    assert len(blocks) == 1, f"docs/config.md, section `{cls.__name__}`: {len(blocks)} yaml blocks, not 1"
+    return blocks[0]
+
+
+def _differs(shown: Any, default: Any) -> bool:
+    return shown != default or isinstance(shown, bool) != isinstance(default, bool)
+
+
+def config_problems(cls: type, shown: Any, default: Any, prefix: str = "", complete: bool = True) -> list[str]:
+    """What a documented block gets wrong about config class `cls` (defaults `default`): keys it
+    lacks (when it documents the class `complete`ly), keys the class does not have, and values
+    other than the defaults. Keys are named by their dotted path, list items as `key[]`."""
+    if not isinstance(shown, dict):
+        return [f"`{prefix.rstrip('.') or 'top level'}`: a mapping expected, the doc shows {shown!r}"]
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    extra = EXTRA_KEYS.get(cls, {})
+    problems = [f"`{prefix}{key}` is not a key of {cls.__name__}" for key in shown
+                if key not in names and key not in extra]
+    problems += [f"`{prefix}{key}` shows {shown[key]!r}, the default is {value!r}"
+                 for key, value in extra.items() if key in shown and _differs(shown[key], value)]
+    for name in names:
+        key, tp, value = prefix + name, hints[name], getattr(default, name)
+        if name not in shown:
+            if complete:
+                problems.append(f"no key `{key}`")
+            continue
+        if dataclasses.is_dataclass(tp):
+            if tp in DOCUMENTED and shown[name] is None:
+                continue   # documented in its own section
+            problems += config_problems(tp, shown[name], value, key + ".", complete and tp not in DOCUMENTED)
+        elif get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0]):
+            (element,) = get_args(tp)
+            if not isinstance(shown[name], list) or not shown[name]:
+                problems.append(f"`{key}`: a list of {element.__name__} mappings expected, the doc shows "
+                                f"{shown[name]!r}")
+                continue
+            for item in shown[name]:
+                problems += config_problems(element, item, element(), key + "[].", complete)
+        elif _differs(shown[name], value):
+            problems.append(f"`{key}` shows {shown[name]!r}, the default is {value!r}")
+    return problems
+
+
+def _nested_configs(cls: type) -> set[str]:
+    """Names of `cls` and every config class its fields hold, directly or in a list."""
+    found = {cls.__name__}
+    for tp in get_type_hints(cls).values():
+        inner = get_args(tp)[0] if get_origin(tp) is list else tp
+        if dataclasses.is_dataclass(inner):
+            found |= _nested_configs(inner)
+    return found
+
+
+def test_every_config_key_is_in_config_md_with_its_default():
+    doc = CONFIG_DOC.read_text()
+    problems = [f"section `{cls.__name__}`: {problem}" for cls in DOCUMENTED
+                for problem in config_problems(cls, yaml.safe_load(_config_block(cls, doc)), cls())]
+    assert not problems, "docs/config.md does not match the config dataclasses:\n" + "\n".join(problems)
+
+
+def test_every_config_class_the_loaders_build_is_documented():
+    """A config class `build_config` builds (hpc/config.py: what reads YAML) is one of DOCUMENTED
+    or nested in one: a new config file cannot go undocumented."""
+    built = set()
+    for path in (ROOT / "hpc").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            called = getattr(node, "func", None)
+            if (getattr(called, "id", getattr(called, "attr", "")) == "build_config" and node.args
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id.endswith("Config")):
+                built.add(node.args[0].id)
+    documented = set().union(*map(_nested_configs, DOCUMENTED))
+    assert built - documented == set(), f"config classes read from YAML but not in docs/config.md: {built - documented}"
+
+
+def test_the_config_check_catches_one_removed_key():
+    """The check above is line-precise: one key's line gone from a block is named."""
+    block = _config_block(EvalConfig, CONFIG_DOC.read_text())
+    without = "\n".join(line for line in block.splitlines() if not re.match(r"\s+warmup:", line))
+    assert config_problems(EvalConfig, yaml.safe_load(without), EvalConfig()) == ["no key `timing.warmup`"]
+    wrong = block.replace("iterations: 100", "iterations: 50")
+    assert config_problems(EvalConfig, yaml.safe_load(wrong), EvalConfig()) == [
+        "`timing.iterations` shows 50, the default is 100"]
 
 
 def _table_rows(body: str) -> dict[str, str]:
