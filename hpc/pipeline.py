@@ -28,6 +28,7 @@ from hpc.baseline import (EMPTY, baseline_entrants, baseline_programs, load_base
                           task_cost)
 from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
+from hpc.compile.op_monitor import op_monitor_library
 from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
 from hpc.profile.device_lock import DeviceLock
@@ -35,7 +36,6 @@ from hpc.profile.driver import PairDriver
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
 from hpc.profile.window import Entrant, EntrantError, handshake_ns, run_window
 from hpc.results.record import EvalRecord
-from hpc.runner.op_monitor import op_monitor_library
 from hpc.reward import compute_reward
 from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
 from hpc.sandbox.process import SandboxError

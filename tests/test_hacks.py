@@ -1,7 +1,7 @@
-"""Every known reward hack (../shared/notes/reward-hacks.md): each is rejected with a named reason
-and paid the incorrect reward; honest candidates are paid. Each hack workdir carries a CPU
-(kernels/*.cpp) and a CUDA (kernels/*.cu) variant; the CUDA cases run where a GPU is visible
-(`scripts/test-gpu.sh`), and skip elsewhere."""
+"""Every known reward hack (docs/evaluator.md, "Reward hacks and where each is stopped"): each is
+rejected with a named reason and paid the incorrect reward; honest candidates are paid. Each hack
+workdir carries a CPU (kernels/*.cpp) and a CUDA (kernels/*.cu) variant; the CUDA cases run where
+a GPU is visible (`scripts/test-gpu.sh`), and skip elsewhere."""
 
 from __future__ import annotations
 

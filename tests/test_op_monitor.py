@@ -1,5 +1,5 @@
 """The op monitor (hpc/runner/op_monitor.py): the C++ callback that enforces the op policy on every
-forward call. Built with the real compiler against the installed torch."""
+forward call. Built with the real compiler against the installed torch (hpc/compile/op_monitor.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import threading
 import pytest
 import torch
 
+from hpc.compile.op_monitor import op_monitor_library
 from hpc.runner.guard import ALLOWED_OPS
-from hpc.runner.op_monitor import DISABLED, OpMonitor, decomposing_overloads, op_monitor_library
+from hpc.runner.op_monitor import DISABLED, OpMonitor, decomposing_overloads
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ import torch
 from hpc.errors import UserError
 from hpc.synthesis.catalog import CATALOG
 from hpc.synthesis.compose import compose
-from hpc.synthesis.config import ComposeConfig, load_synthesis_config
-from hpc.synthesis.filters import FILTERS, FilterChain
+from hpc.synthesis.config import FILTERS, ComposeConfig, load_synthesis_config
+from hpc.synthesis.filters import FilterChain
 from hpc.synthesis.manifest import read_manifest
 from hpc.synthesis.shards import checked_stats, merge, read_shard, run_local, run_shard, shard_path
 from hpc.synthesis.similarity import BenchmarkIndex, ast_hash, normalized_tokens, op_signature, similarity

@@ -14,43 +14,19 @@ dispatcher passes for every operator, and a canary the callback did not see make
 RecordFunctionGuard in a load_inline function) is back on when the call returns: the canary cannot
 see it, the static check of the inline sources (hpc/verify/static.py) refuses the names.
 
-Built by the harness against the running torch, once per machine and torch version, outside the
-sandbox, like the timing start gate; a worker loads it by path before any candidate code runs.
+Built by the harness against the running torch (hpc/compile/op_monitor.py), once per machine and
+torch version, outside the sandbox; a worker loads it by path before any candidate code runs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from hpc.compile.native import Toolchain, compile_workdir
-from hpc.errors import UserError
-
-MONITOR_WORKDIR = Path(__file__).parent / "monitor_lib"
 DISABLED = -1   # disarm's verdict when the canary was not seen: the monitor was switched off
-
-
-def _toolchain() -> Toolchain:
-    root = Path(torch.__file__).parent
-    return Toolchain(
-        "cpu", os.environ.get("CXX", "g++"),
-        ("-O2", "-std=c++20", "-fPIC", f"-I{root / 'include'}", f"-DHPC_TORCH_VERSION={torch.__version__}",
-         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"),
-        (f"-L{root / 'lib'}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{root / 'lib'}", "-Wl,--no-undefined"),
-    )
-
-
-def op_monitor_library(cache_dir: Path) -> Path:
-    """The monitor's shared library for this torch, built into the evaluator's cache on first use."""
-    result = compile_workdir(MONITOR_WORKDIR, _toolchain(), cache_dir, trusted=True)
-    if not result.ok:
-        raise UserError(f"cannot build the op monitor against torch {torch.__version__}: "
-                        f"{result.log.strip()[-300:]}")
-    return result.library
 
 
 @lru_cache(maxsize=1)

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+from hpc.synthesis.context import Context
 from hpc.synthesis.shapes import (NONNEG, REAL, TINY, UNIT, Dim, Range, TensorSpec, conv_out, monotone,
                                   product, scale_range, scaled, sum_range)
-
-if TYPE_CHECKING:
-    from hpc.synthesis.compose import Context
 
 
 @dataclass(frozen=True)
@@ -33,7 +31,7 @@ class Step:
     compute: bool = True             # False for views (flatten, transpose): not counted as an operator
 
 
-Builder = Callable[["Context", TensorSpec, str], "Step | None"]
+Builder = Callable[[Context, TensorSpec, str], "Step | None"]
 
 
 @dataclass(frozen=True)

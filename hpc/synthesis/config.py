@@ -17,6 +17,10 @@ from typing import Any
 
 from hpc.config import CorrectnessConfig, EvalConfig, TimingConfig, build_config, read_yaml_mapping
 from hpc.errors import UserError
+from hpc.synthesis.context import FAMILIES
+
+# The filter chain (hpc.synthesis.filters), in the order it runs: the names `filters.skip` may give.
+FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime", "compile")
 
 
 @dataclass
@@ -67,9 +71,6 @@ class SynthesisConfig:
     eval: EvalConfig = field(default_factory=_filter_eval_config)
 
     def validate(self) -> None:
-        from hpc.synthesis.compose import FAMILIES
-        from hpc.synthesis.filters import FILTERS
-
         c, f = self.compose, self.filters
         if self.count < 0:
             raise UserError(f"config count: must be >= 0, got {self.count}")
@@ -164,7 +165,5 @@ def config_from_args(args: argparse.Namespace) -> SynthesisConfig:
     cfg = load_synthesis_config(args.config, backend=args.backend, scale=args.scale, seed=args.seed,
                                 count=args.count, workers=args.workers, **absolute)
     if args.import_only:
-        from hpc.synthesis.filters import FILTERS
-
         cfg.filters.skip = [name for name in FILTERS if name != "load"]
     return cfg

@@ -41,8 +41,6 @@ from hpc.synthesis.similarity import (BenchmarkIndex, ast_hash, canonical_op, im
 from hpc.task import Task, load_task
 from hpc.verify.compare import compare_outputs
 
-FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime", "compile")
-
 STOCHASTIC = frozenset(canonical_op(n) for n in """
 rand rand_like randn randn_like randint randint_like randperm bernoulli multinomial normal poisson
 uniform_ normal_ bernoulli_ exponential_ geometric_ cauchy_ log_normal_ random_

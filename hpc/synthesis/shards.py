@@ -24,8 +24,8 @@ from pathlib import Path
 
 from hpc.engine import Item, in_threads, run_items
 from hpc.errors import UserError
-from hpc.synthesis.config import SynthesisConfig
-from hpc.synthesis.filters import FILTERS, FilterChain
+from hpc.synthesis.config import FILTERS, SynthesisConfig
+from hpc.synthesis.filters import FilterChain
 from hpc.synthesis.manifest import run_stats, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
 
