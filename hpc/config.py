@@ -105,6 +105,7 @@ class CompileConfig:
 
 @dataclass
 class BaselineConfig:
+    # []: eager alone (no torch.compile in the window; the discrete reward then tops out at 2)
     compile_modes: list[str] = field(default_factory=lambda: ["default"])
 
 
@@ -140,6 +141,9 @@ class EvalConfig:
         for m in self.baseline.compile_modes:
             _check_choice("baseline.compile_modes[]", m,
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+        if not self.baseline.compile_modes and self.reward.kind == "continuous":
+            raise UserError("config baseline.compile_modes: the continuous reward is the speedup over torch.compile, "
+                            "so it needs at least one mode")
         positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
                     "timing.calibration_calls": self.timing.calibration_calls, "timing.rounds": self.timing.rounds,

@@ -115,7 +115,14 @@ def in_threads(evaluate_one: Callable[[Item[P]], R | None], jobs: int = 1, prest
         from hpc.sandbox.prestart import default_depth, prestarted_workers
 
         def one(item: Item[P]) -> R | None:
-            return None if stop.is_set() else evaluate_one(item)
+            if stop.is_set():
+                return None
+            try:
+                return evaluate_one(item)
+            except Exception:
+                if stop.is_set():   # its processes were killed with the job: the requeued run does it again
+                    return None
+                raise
 
         if not todo:
             return

@@ -66,7 +66,7 @@ def watch_for_sigterm() -> threading.Event:
 
 
 # Slurm states after which a job never runs again; any other state seen by squeue is a live job.
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED",
                    "DEADLINE"})
 
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:|$)")
@@ -92,9 +92,8 @@ def finished(job) -> bool:
     hold it live (pending again after a requeue, running, completing)."""
     if not job.done():
         return False
-    if job.paths.result_pickle.exists():
-        return True
-    state = controller_state(job)
+    state = controller_state(job)   # a result is not final while the task is live: a requeued task's
+    # first run may have left one (the exception of its work killed by the requeue), which the next overwrites
     return state is None or state in ENDED
 
 

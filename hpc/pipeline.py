@@ -307,10 +307,12 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                            f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
     eager = TimingStats.of(figures_ms(window.times_ns["eager"], overhead_ns))
-    compiled = min((TimingStats.of(figures_ms(window.times_ns[p], overhead_ns)) for p in programs
-                    if p.startswith("compile")), key=lambda st: st.median_ms)
+    compiled = [TimingStats.of(figures_ms(window.times_ns[p], overhead_ns)) for p in programs
+                if p.startswith("compile")]
     rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
-    rec.compile_ms, rec.compile_cv = compiled.median_ms, compiled.cv
+    if compiled:   # none when baseline.compile_modes is empty: compile_ms stays NaN, and so does the speedup
+        fastest = min(compiled, key=lambda st: st.median_ms)
+        rec.compile_ms, rec.compile_cv = fastest.median_ms, fastest.cv
     rec.baseline_cached = False
     return True
 

@@ -62,6 +62,16 @@ def make_fast_config(cache_dir: Path, backend: str = "cpu"):
     return cfg
 
 
+def plumbing_config(folder: Path) -> Path:
+    """A config file for tests of what runs around evaluations (every record once, resume, lost
+    ranks, requeues, templates): eager alone as the baseline, since torch.compile's costs some 25 s
+    of CPU per evaluation and the reward's full path is tested by test_solutions and the hack suite;
+    and fewer calibration calls."""
+    path = folder / "plumbing.yaml"
+    path.write_text("timing:\n  calibration_calls: 15\nbaseline:\n  compile_modes: []\n")
+    return path
+
+
 @pytest.fixture
 def fast_config(cache_dir):
     return make_fast_config(cache_dir)

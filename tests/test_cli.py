@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hpc.results.hdf5 import read_records
-from tests.conftest import RELU_TASK, ROOT, TESTS
+from tests.conftest import RELU_TASK, ROOT, TESTS, plumbing_config
 
 
 def hpc(*args, env_cache=None, timeout=600, tmpdir=None):
@@ -61,7 +61,7 @@ def test_eval_suite_with_two_jobs_records_every_task_once_in_task_order(tmp_path
         shutil.copytree(TESTS / "fixtures" / "honest_relu", solutions / name)
     out = tmp_path / "r.h5"
     proc = hpc("eval-suite", tasks.parent, solutions.parent, "--backend", "cpu", "--scale", "cpu", "--jobs", "2",
-               "--iterations", "20", "--out", out, env_cache=cache_dir)
+               "--iterations", "20", "--out", out, "--config", plumbing_config(tmp_path), env_cache=cache_dir)
     assert proc.returncode == 0, proc.stderr
     records = read_records(out)
     assert sorted(r.task_id for r in records) == ["level1/relu_a", "level1/relu_b", "level1/relu_c"]

@@ -36,6 +36,8 @@ def test_yaml_overrides_nested_keys(tmp_path):
     ("reward: 3\n", "reward"),
     ("correctness:\n  distributions: [wide, cauchy]\n", "correctness.distributions"),
     ("policy:\n  allowed_torch_ops: relu\n", "policy.allowed_torch_ops"),
+    ("baseline:\n  compile_modes: [fastest]\n", "baseline.compile_modes"),
+    ("reward:\n  kind: continuous\nbaseline:\n  compile_modes: []\n", "baseline.compile_modes"),
 ])
 def test_bad_config_names_the_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"
@@ -51,3 +53,9 @@ def test_unreadable_and_invalid_yaml_are_user_errors(tmp_path):
     bad.write_text("timing: [unclosed\n")
     with pytest.raises(UserError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_eager_alone_is_a_baseline_the_discrete_reward_accepts(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("baseline:\n  compile_modes: []\n")
+    assert load_config(path).baseline.compile_modes == []

@@ -11,13 +11,12 @@ from collections import Counter
 
 from hpc.results.hdf5 import read_records
 from hpc.results.record import record_key
-from tests.conftest import ROOT
+from tests.conftest import ROOT, plumbing_config
 from tests.test_pool import _suite
 
 
 def _evaluate(tmp_path, *args: str, cache_dir) -> subprocess.Popen:
-    config = tmp_path / "short.yaml"   # fewer calibration calls: seconds less per evaluation
-    config.write_text("timing:\n  calibration_calls: 15\n")
+    config = plumbing_config(tmp_path)
     return subprocess.Popen([sys.executable, str(ROOT / "jobs" / "evaluate.py"), *args, "--backend", "cpu",
                              "--iterations", "10", "--config", str(config), "--progress-every", "5"],
                             env={**os.environ, "HPC_CACHE_DIR": str(cache_dir)}, cwd=ROOT,

@@ -15,7 +15,7 @@ import pytest
 
 from hpc.results.hdf5 import file_attrs, read_records
 from hpc.results.training import read_trajectories
-from tests.conftest import ROOT
+from tests.conftest import ROOT, plumbing_config
 from tests.test_train import small_config
 
 TASK = "level1/04_max_dim"
@@ -31,8 +31,7 @@ def _run(args: list[str], cache_dir: Path, timeout: float = 600) -> subprocess.C
 
 
 def _evaluate(policy: Path, out: Path, cache_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    config = out.parent / "short.yaml"   # fewer calibration calls: seconds less per evaluation
-    config.write_text("timing:\n  calibration_calls: 15\n")
+    config = plumbing_config(out.parent)
     return _run(["jobs/evaluate.py", "kernels/tasks", "--policy", str(policy), "--out", str(out), "--only", TASK,
                  "--backend", "cpu", "--iterations", "10", "--config", str(config), "--max-turns", "2",
                  "--max-response-tokens", "64", "--progress-every", "5", *args], cache_dir)

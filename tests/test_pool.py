@@ -16,7 +16,7 @@ import pytest
 
 from hpc.pool.processes import process_with
 from hpc.results.hdf5 import read_records
-from tests.conftest import RELU_TASK, ROOT, TESTS
+from tests.conftest import RELU_TASK, ROOT, TESTS, plumbing_config
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (scripts/test.sh installs it)")
 
@@ -31,8 +31,7 @@ def _suite(root: Path, n: int) -> tuple[Path, Path]:
 
 
 def _pool(ranks: int, tasks: Path, solutions: Path, out: Path, cache: Path, *extra: str) -> subprocess.Popen:
-    config = out.parent / "short.yaml"   # fewer calibration calls: seconds less per evaluation
-    config.write_text("timing:\n  calibration_calls: 15\n")
+    config = plumbing_config(out.parent)
     env = {**os.environ, "HPC_CACHE_DIR": str(cache), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
            "TMPDIR": str(out.parent)}

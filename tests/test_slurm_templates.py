@@ -15,7 +15,7 @@ import pytest
 
 from hpc.pool.processes import process_with
 from hpc.results.hdf5 import read_records
-from tests.conftest import ROOT
+from tests.conftest import ROOT, plumbing_config
 from tests.test_pool import _suite
 
 TEMPLATES = ROOT / "slurm_templates"
@@ -43,8 +43,7 @@ def wait_for_job(job: str, timeout: float = 900) -> str:
 def test_reward_pool_template_evaluates_a_suite(slurm, tmp_path, cache_dir):
     tasks, solutions = _suite(tmp_path, 3)
     out = tmp_path / "pool.h5"
-    config = tmp_path / "short.yaml"   # fewer calibration calls: seconds less per evaluation
-    config.write_text("timing:\n  calibration_calls: 15\n")
+    config = plumbing_config(tmp_path)
     env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
            "HPC_POOL_ARGS": f"--iterations 10 --config {config}", "HPC_PYTHON": sys.executable,
            "HPC_CACHE_DIR": str(cache_dir)}
@@ -64,8 +63,7 @@ def test_reward_pool_under_srun_pmix_survives_a_killed_worker_rank(slurm, tmp_pa
     pool evaluates only what is missing: every record exactly once, none lost."""
     tasks, solutions = _suite(tmp_path, 6)
     out = tmp_path / "pool.h5"
-    config = tmp_path / "short.yaml"
-    config.write_text("timing:\n  calibration_calls: 15\n")
+    config = plumbing_config(tmp_path)
     env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
            "HPC_POOL_ARGS": f"--iterations 10 --dead-after 6 --config {config}", "HPC_PYTHON": sys.executable,
            "HPC_CACHE_DIR": str(cache_dir)}
@@ -113,8 +111,7 @@ def test_pipeline_chains_an_evaluation_array_and_the_analysis_with_afterok(slurm
     """pipeline.sh: a 2-task evaluation array, then the analysis once both shards succeeded."""
     tasks, solutions = _suite(tmp_path, 3)
     run = tmp_path / "run"
-    config = tmp_path / "short.yaml"   # fewer calibration calls: seconds less per evaluation
-    config.write_text("timing:\n  calibration_calls: 15\n")
+    config = plumbing_config(tmp_path)
     env = {**os.environ, "HPC_BACKEND": "cpu", "HPC_EVAL_ARGS": f"--iterations 10 --config {config}",
            "HPC_PYTHON": sys.executable, "HPC_CACHE_DIR": str(cache_dir)}
     proc = subprocess.run(["bash", str(TEMPLATES / "pipeline.sh"), str(tasks), str(solutions), str(run), "2"],
