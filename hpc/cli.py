@@ -25,12 +25,8 @@ import stat
 import sys
 from collections.abc import Callable, Iterator
 
+from hpc.entry import Parser
 from hpc.errors import CandidateError, UserError, os_reason, shown
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}")
 
 
 MAX_SEED = 1 << 62   # seeds derived from it (trials, timing) stay within torch's 64 bits
@@ -62,8 +58,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     one = sub.add_parser("eval", help="evaluate one candidate on one task")
     one.add_argument("task", type=_path, help="KernelBench problem file")
     one.add_argument("candidate", type=_path, help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")

@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
 from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run, summarize_training  # noqa: E402
 from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups, plot_training  # noqa: E402
 from hpc.analysis.report import write_report  # noqa: E402
+from hpc.entry import Parser  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
 from hpc.results.hdf5 import GROUP, file_attrs, file_groups, read_records  # noqa: E402
@@ -137,13 +138,8 @@ def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] |
         return e
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog="jobs/analyze.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/analyze.py", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="RUN", help="results .h5 file or run folder (shard-*.h5)")
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--tasks", help="the suite's folder: rates over its tasks, a task without a record incorrect")

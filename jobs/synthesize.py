@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
+from hpc.entry import Parser  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 
@@ -48,15 +49,10 @@ class SynthesizeShard(submitit.helpers.Checkpointable):
         return summary
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from hpc.synthesis.config import add_arguments
 
-    p = _Parser(prog="jobs/synthesize.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/synthesize.py", description=__doc__.splitlines()[0])
     add_arguments(p)
     p.add_argument("--shards", type=int, default=1, help="array tasks (default 1)")
     step = p.add_mutually_exclusive_group()

@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
+from hpc.entry import Parser, exit_now  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
 
@@ -146,7 +147,7 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
             pin_device(roles, first=trainers_here)
         clean = run_worker(group, 0, cfg.eval)
         if not clean:
-            _exit_now(0)
+            exit_now(0)
         return None
     # torch.distributed among the trainers: rendezvous at the first trainer's host.
     from hpc.policy.parallel import free_port
@@ -179,20 +180,7 @@ def _finish_trainers(trainers, clean: bool) -> None:
     from mpi4py import MPI
 
     if not trainers.allreduce(clean, op=MPI.LAND):
-        _exit_now(1)
-
-
-def _exit_now(code: int) -> None:
-    """Leave without MPI_Finalize. Children this process started through multiprocessing
-    (megatron's checkpoint writer) are killed first: they would outlive it holding mpirun's
-    output pipes, and mpirun waits for those to close."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        child.kill()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        exit_now(1)
 
 
 def train(config: str, out: str, pool: bool = False, trainers: int = 1, quiet: bool = False) -> dict[str, Any] | None:
@@ -219,13 +207,8 @@ class TrainJob(submitit.helpers.Checkpointable):
             teardown()
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog="python jobs/train.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="python jobs/train.py", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--out", required=True, help="run folder: results, checkpoints, report (resumed if present)")
     p.add_argument("--pool", action="store_true", help="under MPI: trainer rank(s) plus reward-worker ranks")
@@ -260,9 +243,9 @@ def submit(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMIX_RANK", "0")) or 0)
     try:
+        args = parse_args(argv)
         summary = submit(args) if args.submit else train(args.config, args.out, args.pool, args.trainers, args.quiet)
     except UserError as e:
         if rank == 0:

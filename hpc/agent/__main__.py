@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpc.entry import exit_now
 from hpc.errors import UserError
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ def _pool_main(args: argparse.Namespace, eval_cfg: EvalConfig) -> int:
         if eval_cfg.backend == "cuda":
             pin_device(workers)
         if not run_worker(comm, 0, eval_cfg):
-            _exit_now(0)
+            exit_now(0)
         return 0
     pool = Coordinator(comm, list(range(1, comm.Get_size())))
     try:
@@ -184,14 +184,8 @@ def _pool_main(args: argparse.Namespace, eval_cfg: EvalConfig) -> int:
     finally:
         clean = pool.close()
     if not clean:   # a lost rank: MPI_Finalize would wait for it
-        _exit_now(code)
+        exit_now(code)
     return code
-
-
-def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

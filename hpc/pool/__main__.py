@@ -10,10 +10,10 @@ Re-running with the same --out evaluates only what is missing (task + candidate 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from hpc.entry import exit_now as _exit_now
 from hpc.errors import UserError
 
 
@@ -103,12 +103,6 @@ def coordinate(comm, args, cfg) -> int:
     if not clean:   # MPI_Finalize would wait for the lost ranks
         _exit_now(0 if pool.live else 3)
     return 0
-
-
-def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
