@@ -9,6 +9,9 @@
     hpc serve --checkpoint ROOT [--step N] | --hf DIR [--tokenizer byte|DIR] [--chat-format auto|chatml|llama3|plain]
         [--host H] [--port P] [--model-name NAME] [--api-key-env VAR] [--dtype auto|fp32|bf16]
 
+Every command takes -v/--verbose (debug lines too) or -q/--quiet (warnings and errors only): the
+results (tables, JSON) go to stdout, everything else to stderr (hpc/logs.py).
+
 Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage,
 or is no candidate (its record is still printed and written, the reason on stderr); 2 bad input
 (one `error:` line), or a record with status error (the task's or the harness's fault: eval-suite
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import stat
 import sys
@@ -27,6 +31,9 @@ from collections.abc import Callable, Iterator
 
 from hpc.entry import Parser
 from hpc.errors import CandidateError, UserError, os_reason, shown
+from hpc.logs import add_logging_args, setup_logging
+
+log = logging.getLogger(__name__)
 
 
 MAX_SEED = 1 << 62   # seeds derived from it (trials, timing) stay within torch's 64 bits
@@ -90,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve the policy over OpenAI's chat-completions protocol (docs/agent.md)")
     serve.add_arguments(srv)
+    for command in (one, suite, imp, syn, srv):
+        add_logging_args(command)
     return parser
 
 
@@ -120,12 +129,13 @@ def _not_special(path: str, what: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        setup_logging(args.verbose, args.quiet)
         return _run(args)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        log.error("error: interrupted")
         return 130
 
 
@@ -158,10 +168,10 @@ def _eval(args, cfg) -> int:
         append(rec)
     print(json.dumps(rec.summary()) if args.json else summary_table([rec]))
     if rec.status == "error":   # the task's or the harness's fault, not the candidate's
-        print(one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
+        log.error("%s", one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"))
         return 2
     if rec.failed_stage:
-        print(one_line(f"{rec.status}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
+        log.warning("%s", one_line(f"{rec.status}: {rec.failed_stage}: {rec.reason}"))
         return 1
     return 0
 
@@ -187,8 +197,8 @@ def _eval_suite(args, cfg) -> int:
     print(summary_table(records))
     errors = [r for r in records if r.status == "error"]
     if errors:   # everything is recorded; the exit code still says that some task was not evaluated
-        print(one_line(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
-                       f"{errors[0].task_id}: {errors[0].failed_stage}: {errors[0].reason}"), file=sys.stderr)
+        log.error("%s", one_line(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
+                                 f"{errors[0].task_id}: {errors[0].failed_stage}: {errors[0].reason}"))
         return 2
     return 0
 
@@ -228,7 +238,7 @@ def _import_kernelbench(args) -> int:
         for rec in records:
             writer.append(rec)
     print(summary_table(records))
-    print(f"imported {len(records)} records into {args.out}", file=sys.stderr)
+    log.info("imported %d records into %s", len(records), args.out)
     return 0
 
 

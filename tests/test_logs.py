@@ -122,3 +122,44 @@ def test_verbose_and_quiet_exclude_each_other():
     assert vars(parser.parse_args(["--quiet"])) == {"verbose": False, "quiet": True}
     with pytest.raises(SystemExit):
         parser.parse_args(["-v", "-q"])
+
+
+# Each entry point's module and arguments it needs besides the flags.
+ENTRY_POINTS = {
+    "hpc eval": ("hpc.cli", ["eval", "task.py", "candidate.py"]),
+    "hpc eval-suite": ("hpc.cli", ["eval-suite", "tasks", "candidates"]),
+    "hpc import-kernelbench": ("hpc.cli", ["import-kernelbench", "eval_results.json", "--level", "1", "--out", "r.h5"]),
+    "hpc synthesize": ("hpc.cli", ["synthesize", "--out", "run"]),
+    "hpc serve": ("hpc.cli", ["serve", "--hf", "model"]),
+    "jobs/train.py": ("jobs.train", ["--config", "c.yaml", "--out", "run"]),
+    "jobs/evaluate.py": ("jobs.evaluate", ["tasks", "candidates", "--out", "run"]),
+    "jobs/analyze.py": ("jobs.analyze", ["r.h5", "--out", "report"]),
+    "jobs/synthesize.py": ("jobs.synthesize", ["--out", "run"]),
+    "python -m hpc.pool": ("hpc.pool.__main__", ["tasks", "candidates", "--out", "r.h5"]),
+    "python -m hpc.agent": ("hpc.agent.__main__", ["task.py", "replies.json"]),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize("flag, verbose, quiet", [([], False, False), (["-v"], True, False),
+                                                  (["--verbose"], True, False), (["-q"], False, True),
+                                                  (["--quiet"], False, True)])
+def test_every_entry_point_takes_verbose_and_quiet(entry, flag, verbose, quiet):
+    import importlib
+
+    name, argv = ENTRY_POINTS[entry]
+    module = importlib.import_module(name)
+    parse = module.build_parser().parse_args if name == "hpc.cli" else module.parse_args
+    args = parse([*argv, *flag])
+    assert (args.verbose, args.quiet) == (verbose, quiet)
+
+
+def test_hf_convert_takes_verbose_and_quiet(capsys):
+    from hpc.policy.hf_convert import main
+
+    for command in ("to-megatron", "to-hf"):
+        with pytest.raises(SystemExit) as exit:
+            main([command, "--help"])     # argparse answers --help before anything runs
+        assert exit.value.code == 0
+        help_text = capsys.readouterr().out
+        assert "--verbose" in help_text and "--quiet" in help_text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -30,6 +31,8 @@ from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.filters import FILTERS, FilterChain
 from hpc.synthesis.manifest import run_stats, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
+
+log = logging.getLogger(__name__)
 
 SHARD_FORMAT = "hpc-synthesis-shard"
 DATASET = "dataset"
@@ -321,7 +324,6 @@ def stats_table(stats: dict) -> str:
 
 
 def print_report(stats: dict, out: Path) -> None:
-    """The per-filter table on stdout and the one-line outcome on stderr."""
+    """The per-filter table on stdout (the run's result) and the one-line outcome logged."""
     print(stats_table(stats))
-    print(f"synthesize: {stats['accepted']} of {stats['candidates']} candidates accepted into {out / DATASET}",
-          file=sys.stderr)
+    log.info("synthesize: %d of %d candidates accepted into %s", stats["accepted"], stats["candidates"], out / DATASET)
