@@ -41,7 +41,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-v", "--verbose", action="store_true",
                        help="debug lines too, and every rank's lines (not only rank 0's)")
     group.add_argument("-q", "--quiet", action="store_true",
-                       help="only warnings and errors: no status or progress lines")
+                       help="only warnings and errors, no status lines")
 
 
 def detect_rank() -> int | None:
