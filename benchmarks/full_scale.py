@@ -48,7 +48,7 @@ def launch(config: Path, out: Path, ranks: int, trainers: int, kill_after: float
     """One MPI job; with `kill_after`, the last rank (a worker) is killed that long into the PPO stage."""
     cmd = ["mpirun", "-n", str(ranks), "--bind-to", "none", "--enable-recovery", sys.executable, "-m", "mpi4py",
            str(ROOT / "jobs" / "train.py"), "--config", str(config), "--out", str(out), "--pool",
-           "--trainers", str(trainers)]
+           "--trainers", str(trainers), "--verbose"]     # every trainer rank's pool usage line, not only rank 0's
     env = {**os.environ, **MPI_ENV, "PYTHONPATH": str(ROOT), "HPC_FULL_SCALE_RUN": str(out)}
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

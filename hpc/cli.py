@@ -9,6 +9,9 @@
     hpc serve --checkpoint ROOT [--step N] | --hf DIR [--tokenizer byte|DIR] [--chat-format auto|chatml|llama3|plain]
         [--host H] [--port P] [--model-name NAME] [--api-key-env VAR] [--dtype auto|fp32|bf16]
 
+Every command takes -v/--verbose (debug lines too) or -q/--quiet (warnings and errors only): the
+results (tables, JSON) go to stdout, everything else to stderr (hpc/logs.py).
+
 Exit codes: 0 evaluated (eval: and the candidate passed); 1 eval: the candidate failed a stage,
 or is no candidate (its record is still printed and written, the reason on stderr); 2 bad input
 (one `error:` line), or a record with status error (the task's or the harness's fault: eval-suite
@@ -20,17 +23,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import stat
 import sys
 from collections.abc import Iterator
 
+from hpc.entry import Parser
 from hpc.errors import CandidateError, UserError, os_reason, shown
+from hpc.logs import add_logging_args, setup_logging
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}")
+log = logging.getLogger(__name__)
 
 
 MAX_SEED = 1 << 62   # seeds derived from it (trials, timing) stay within torch's 64 bits
@@ -63,8 +66,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="hpc", description="Evaluate kernel candidates: compile, verify, profile, reward.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     one = sub.add_parser("eval", help="evaluate one candidate on one task")
     one.add_argument("task", type=_path, help="KernelBench problem file")
     one.add_argument("candidate", type=_path, help="single .py file (ModelNew) or workdir (model_new.py + kernels/)")
@@ -95,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve the policy over OpenAI's chat-completions protocol (docs/agent.md)")
     serve.add_arguments(srv)
+    for command in (one, suite, imp, syn, srv):
+        add_logging_args(command)
     return parser
 
 
@@ -125,12 +130,13 @@ def _not_special(path: str, what: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        setup_logging(args.verbose, args.quiet)
         return _run(args)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        log.error("error: interrupted")
         return 130
 
 
@@ -164,10 +170,10 @@ def _eval(args, cfg) -> int:
             store.append(None, rec)
     print(json.dumps(rec.summary()) if args.json else summary_table([rec]))
     if rec.status == "error":   # the task's or the harness's fault, not the candidate's
-        print(one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
+        log.error("%s", one_line(f"error: {task.task_id}: {rec.failed_stage}: {rec.reason}"))
         return 2
     if rec.failed_stage:
-        print(one_line(f"{rec.status}: {rec.failed_stage}: {rec.reason}"), file=sys.stderr)
+        log.warning("%s", one_line(f"{rec.status}: {rec.failed_stage}: {rec.reason}"))
         return 1
     return 0
 
@@ -189,8 +195,8 @@ def _eval_suite(args, cfg) -> int:
     print(summary_table(records))
     errors = [r for r in records if r.status == "error"]
     if errors:   # everything is recorded; the exit code still says that some task was not evaluated
-        print(one_line(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
-                       f"{errors[0].task_id}: {errors[0].failed_stage}: {errors[0].reason}"), file=sys.stderr)
+        log.error("%s", one_line(f"error: {len(errors)} of {len(records)} tasks not evaluated (status error), first "
+                                 f"{errors[0].task_id}: {errors[0].failed_stage}: {errors[0].reason}"))
         return 2
     return 0
 
@@ -231,7 +237,7 @@ def _import_kernelbench(args) -> int:
         for rec in records:
             writer.append(rec)
     print(summary_table(records))
-    print(f"imported {len(records)} records into {args.out}", file=sys.stderr)
+    log.info("imported %d records into %s", len(records), args.out)
     return 0
 
 

@@ -19,6 +19,8 @@ item is neither written nor counted, and a later run does it.
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 from contextlib import nullcontext
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -91,6 +93,8 @@ def run_items(items: Sequence[Item[P]], evaluate: Evaluate, store: Store[P, R], 
     summary: RunSummary[R] = RunSummary(len(items), len(items) - len(todo))
     order = {id(item): i for i, item in enumerate(todo)}
     written: dict[int, R] = {}
+    if logging.getLogger("hpc").level > logging.INFO:   # --quiet (hpc.logs): warnings and errors only
+        stream = io.StringIO()
     with Progress(len(todo), label, stream, every_s=progress_every_s) as progress:
         for item, result in evaluate(todo, stop):
             if stop.is_set():

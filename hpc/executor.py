@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import re
 import signal
 import subprocess
@@ -17,6 +20,8 @@ from typing import Callable
 import submitit
 
 from hpc.progress import Progress
+
+log = logging.getLogger(__name__)
 
 CLUSTERS = ("auto", "slurm", "local")
 
@@ -102,19 +107,22 @@ def failure_reason(job, error: Exception) -> str:
     it, the last exception its log shows, and where the log is."""
     lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
     parts = [ln for ln in lines if "(state:" in ln][:1]
-    log = job.stderr() or ""
-    raised = [ln.strip() for ln in log.splitlines() if EXCEPTION_LINE.match(ln.strip())]
+    job_log = job.stderr() or ""
+    raised = [ln.strip() for ln in job_log.splitlines() if EXCEPTION_LINE.match(ln.strip())]
     parts.append(raised[-1] if raised else (lines[0] if lines else type(error).__name__))
     return f"{'; '.join(parts)[:400]} (log: {job.paths.stderr})"
 
 
-def wait_for_array(jobs: list, label: str, describe: Callable[[dict], str], every: float) -> list[str]:
+def wait_for_array(jobs: list, label: str, describe: Callable[[dict], str], every: float,
+                   quiet: bool = False) -> list[str]:
     """Wait for every array task: a bar at a terminal, a progress line every `every` seconds in a
-    log, one line per finished task (`describe` of its result). Returns the ids of those that
-    failed; a failure is reported and the others are still waited for."""
+    log, one line per finished task (`describe` of its result); `quiet` (--quiet) shows none of
+    them, only a failed task's line, as an error. Returns the ids of those that failed; a failure
+    is reported and the others are still waited for."""
     failed: list[str] = []
     pending = list(jobs)
-    with Progress(len(jobs), f"{label}: shards done", every_s=every) as progress:
+    with open(os.devnull, "w") if quiet else contextlib.nullcontext() as hidden, \
+            Progress(len(jobs), f"{label}: shards done", hidden, every_s=every) as progress:
         while pending:
             for job in [j for j in pending if finished(j)]:
                 pending.remove(job)
@@ -123,6 +131,8 @@ def wait_for_array(jobs: list, label: str, describe: Callable[[dict], str], ever
                 except Exception as e:   # the array task's own failure
                     failed.append(job.job_id)
                     line = f"{label}: array task {job.job_id} failed: {failure_reason(job, e)}"
+                    if quiet:
+                        log.error("%s", line)
                 progress.advance(line)
             if pending:
                 progress.tick()

@@ -13,10 +13,10 @@ optionally `model`; 1-D UTF-8 string datasets of one row per sample, all of the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,6 +34,8 @@ FORMAT_VERSION = 1
 COLUMNS = ("task_id", "sample_id", "code", "files")
 _STR = h5py.string_dtype("utf-8")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,8 +146,8 @@ def sample_candidates(path: str | Path, tasks: list[Task], root: str | Path) -> 
         raise UserError(f"samples {path}: no sample is of a task evaluated here (samples name {others[0]!r}, "
                         f"tasks are named like {tasks[0].task_id!r})")
     if others:
-        print(f"samples {path}: {len(others)} sample(s) of tasks not evaluated here left out (e.g. {others[0]})",
-              file=sys.stderr, flush=True)
+        log.warning("samples %s: %d sample(s) of tasks not evaluated here left out (e.g. %s)", path, len(others),
+                    others[0])
     return [(task, materialize(sample, root)) if sample else (task, None)
             for task in tasks for sample in (by_task[task.task_id] or [None])]
 

@@ -27,7 +27,7 @@ from hpc.results.hdf5 import RecordStore
 from hpc.results.record import EvalRecord, record_key
 from hpc.task import BadTask, Task
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 def find_candidate(task: Task, root: Path) -> Path | None:
@@ -64,7 +64,7 @@ def evaluate_safely(task: Task, candidate: Candidate, cfg: EvalConfig) -> EvalRe
     try:
         return evaluate(task, candidate, cfg)
     except Exception as e:
-        logger.debug("evaluating %s on %s raised", candidate.path, task.task_id, exc_info=True)
+        log.debug("evaluating %s on %s raised", candidate.path, task.task_id, exc_info=True)
         rec = _record(task, cfg, candidate.path)
         rec.candidate_sha256, rec.candidate_kind = candidate.sha256, candidate.kind
         return rec.fail("load", f"harness error: {type(e).__name__}: {e}", "error")

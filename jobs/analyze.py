@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +31,18 @@ if str(ROOT) not in sys.path:
 from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run, summarize_training  # noqa: E402
 from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups, plot_training  # noqa: E402
 from hpc.analysis.report import write_report  # noqa: E402
+from hpc.entry import Parser  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
+from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 from hpc.results.hdf5 import GROUP, file_attrs, file_groups, read_records  # noqa: E402
 from hpc.results.merge import merge_files  # noqa: E402
 from hpc.results.record import EvalRecord  # noqa: E402
 from hpc.results.training import TRAIN_GROUP, read_steps  # noqa: E402
 from hpc.task import discover_tasks  # noqa: E402
 
+
+log = logging.getLogger(__name__)
 
 TRAIN_FILE = "train.h5"     # a training run folder's metrics (jobs/train.py)
 
@@ -58,8 +63,7 @@ def results_files(run: Path) -> list[Path]:
         raise UserError(f"run {run}: empty (no results.h5, shard-*.h5 or {TRAIN_FILE})")
     if shards and (not merged.is_file() or merged.stat().st_mtime <= max(s.stat().st_mtime for s in shards)):
         records = merge_files(shards, merged)
-        print(f"analyze: merged {len(shards)} shards of {run} into {merged} ({len(records)} records)",
-              file=sys.stderr, flush=True)
+        log.info("analyze: merged %d shards of %s into %s (%d records)", len(shards), run, merged, len(records))
     return [merged, *trained]
 
 
@@ -131,36 +135,34 @@ def analyze(runs: list[str], out: str, tasks: str | None, names: list[str] | Non
 
 def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path | UserError:
     """analyze() as a submitit job: bad input comes back as the error, so the submitter prints one line."""
+    setup_logging()
     try:
         return analyze(runs, out, tasks, names)
     except UserError as e:
         return e
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog="jobs/analyze.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/analyze.py", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="RUN", help="results .h5 file or run folder (shard-*.h5)")
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--tasks", help="the suite's folder: rates over its tasks, a task without a record incorrect")
     p.add_argument("--name", action="append", help="label of the RUN in the same position (repeat per run)")
     add_executor_args(p, minutes=30, choices=("none", *CLUSTERS), default="none")
+    add_logging_args(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        setup_logging(args.verbose, args.quiet)
         runs = [str(Path(r).resolve()) for r in args.runs]
         out = str(check_out_folder(args.out).resolve())
         tasks = str(Path(args.tasks).resolve()) if args.tasks else None
         report = analyze(runs, out, tasks, args.name) if args.executor == "none" else _submit(args, runs, out, tasks)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     if report is None:
         return 1
@@ -176,11 +178,11 @@ def _submit(args: argparse.Namespace, runs: list[str], out: str, tasks: str | No
     executor = make_executor(Path(out) / "submitit", args.executor, "hpc-analyze", args.time,
                              cpus_per_task=args.cpus_per_task, partition=args.partition, account=args.account)
     job = executor.submit(analyze_job, runs, out, tasks, args.name)
-    print(f"analyze: {executor.cluster} job {job.job_id}", file=sys.stderr, flush=True)
+    log.info("analyze: %s job %s", executor.cluster, job.job_id)
     try:
         result = job.result()
     except Exception as e:   # the job itself failed (killed, timed out, crashed): its last line
-        print(f"error: analysis job {job.job_id} failed: {str(e).strip().splitlines()[-1][:300]}", file=sys.stderr)
+        log.error("error: analysis job %s failed: %s", job.job_id, str(e).strip().splitlines()[-1][:300])
         return None
     if isinstance(result, UserError):
         raise result

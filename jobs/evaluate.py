@@ -24,6 +24,7 @@ into RUN_DIR/results.h5, every (task, candidate) or sample once, and the summary
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
@@ -38,6 +39,9 @@ import submitit  # noqa: E402
 
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
+from hpc.logs import add_logging_args, setup_logging  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 class EvaluateShard(submitit.helpers.Checkpointable):
@@ -64,7 +68,7 @@ class EvaluateShard(submitit.helpers.Checkpointable):
                             describe=lambda item, rec: describe(rec), label=f"shard {shard}", stop=preempted,
                             stream=sys.stdout)
         if run.stopped:
-            print(f"shard {shard}: preempted; what it had not recorded runs again after the requeue", flush=True)
+            log.info("shard %d: preempted; what it had not recorded runs again after the requeue", shard)
         _exit_if_preempted(preempted)
         return {"shard": shard, "file": str(path), "evaluated": run.evaluated, "skipped": run.skipped}
 
@@ -78,6 +82,7 @@ class EvaluatePolicyShard(submitit.helpers.Checkpointable):
                  policy) -> dict:
         from hpc.rl.evaluation import evaluate_shard
 
+        setup_logging()
         preempted = watch_for_sigterm()
         summary = evaluate_shard(policy, items, shard, shards, Path(out_dir), cfg, preempted)
         _exit_if_preempted(preempted)
@@ -142,6 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus-per-task", type=int, default=0)
     p.add_argument("--parallelism", type=int, default=None, help="array tasks running at once")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    add_logging_args(p)
     return p.parse_args(argv)
 
 
@@ -168,6 +174,7 @@ def _policy(args: argparse.Namespace, tasks: list, out: Path) -> tuple[Any, list
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
+        setup_logging(args.verbose, args.quiet)
         if (args.candidates is None) == (args.policy is None):
             raise UserError("give exactly one of CANDIDATES and --policy CKPT")
         stray = [name for name in POLICY_OPTIONS if getattr(args, name) is not None]
@@ -185,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             policy, items = _policy(args, tasks, out)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     out.mkdir(parents=True, exist_ok=True)
     shard_job, extra = (EvaluateShard(), ()) if policy is None else (EvaluatePolicyShard(), (policy,))
     if args.shard is not None:
         summary = shard_job(args.shard, args.shards, items, str(out), cfg, *extra)
-        print(f"evaluate: shard {args.shard} of {args.shards} done ({summary['evaluated']} evaluated, "
-              f"{summary['skipped']} already recorded) in {summary['file']}", file=sys.stderr, flush=True)
+        log.info("evaluate: shard %d of %d done (%d evaluated, %d already recorded) in %s", args.shard, args.shards,
+                 summary["evaluated"], summary["skipped"], summary["file"])
         return 0
     shards = min(args.shards, len(items))
     executor = make_executor(out / "submitit", args.executor, "hpc-evaluate", args.time,
@@ -200,20 +207,21 @@ def main(argv: list[str] | None = None) -> int:
                              partition=args.partition, account=args.account, parallelism=args.parallelism)
     jobs = executor.map_array(shard_job, range(shards), [shards] * shards, [items] * shards,
                               [str(out)] * shards, [cfg] * shards, *([x] * shards for x in extra))
-    print(f"evaluate: {len(items)} items in {shards} shards, {executor.cluster} job {jobs[0].job_id.split('_')[0]}",
-          file=sys.stderr, flush=True)
+    log.info("evaluate: %d items in %d shards, %s job %s", len(items), shards, executor.cluster,
+             jobs[0].job_id.split("_")[0])
     failed = wait_for_array(jobs, "evaluate", lambda s: (f"shard {s['shard']} done ({s['evaluated']} evaluated, "
-                                                         f"{s['skipped']} already recorded)"), args.progress_every)
+                                                         f"{s['skipped']} already recorded)"), args.progress_every,
+                            args.quiet)
     from hpc.results.merge import merge_files
     from hpc.suite import summary_table
 
     shard_files = sorted(out.glob("shard-*.h5"))
     if not shard_files:
-        print("error: no shard produced results", file=sys.stderr)
+        log.error("error: no shard produced results")
         return 1
     records = merge_files(shard_files, out / "results.h5")
     print(summary_table(records))
-    print(f"evaluate: {len(records)} records in {out / 'results.h5'}", file=sys.stderr)
+    log.info("evaluate: %d records in %s", len(records), out / "results.h5")
     return 1 if failed else 0
 
 

@@ -17,6 +17,7 @@ shard here and now (an array task of slurm_templates/synthesize.sbatch); `--merg
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -27,8 +28,12 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
+from hpc.entry import Parser  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
+from hpc.logs import add_logging_args, setup_logging  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 
 class SynthesizeShard(submitit.helpers.Checkpointable):
@@ -39,24 +44,20 @@ class SynthesizeShard(submitit.helpers.Checkpointable):
     def __call__(self, shard: int, shards: int, out_dir: str, cfg) -> dict:
         from hpc.synthesis.shards import run_shard
 
+        setup_logging()
         summary = run_shard(cfg, shard, shards, Path(out_dir), stop=watch_for_sigterm())
         if summary["preempted"]:
             # no result for submitit to record: the requeued task (or a re-submission) finishes the shard
-            print(f"shard {shard}: preempted; it continues after the requeue", flush=True)
+            log.warning("shard %d: preempted; it continues after the requeue", shard)
             sys.stdout.flush()
             os._exit(143)
         return summary
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from hpc.synthesis.config import add_arguments
 
-    p = _Parser(prog="jobs/synthesize.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/synthesize.py", description=__doc__.splitlines()[0])
     add_arguments(p)
     p.add_argument("--shards", type=int, default=1, help="array tasks (default 1)")
     step = p.add_mutually_exclusive_group()
@@ -68,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus-per-task", type=int, default=0)
     p.add_argument("--parallelism", type=int, default=None, help="array tasks running at once")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    add_logging_args(p)
     return p.parse_args(argv)
 
 
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = parse_args(argv)
+        setup_logging(args.verbose, args.quiet)
         if args.shards < 1:
             raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
         if args.shard is not None and not 0 <= args.shard < args.shards:
@@ -89,14 +92,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard is not None:
             summary = run_shard(cfg, args.shard, args.shards, out, stop=watch_for_sigterm())
             if summary["preempted"]:
-                print(f"synthesize: shard {args.shard} preempted; run it again to finish", file=sys.stderr)
+                log.warning("synthesize: shard %d preempted; run it again to finish", args.shard)
                 return 143
-            print(f"synthesize: shard {args.shard} of {args.shards} done ({summary['checked']} checked, "
-                  f"{summary['skipped']} already recorded, {summary['accepted']} accepted) in {summary['file']}",
-                  file=sys.stderr, flush=True)
+            log.info("synthesize: shard %d of %d done (%d checked, %d already recorded, %d accepted) in %s",
+                     args.shard, args.shards, summary["checked"], summary["skipped"], summary["accepted"],
+                     summary["file"])
             return 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 2
     shards = max(1, min(args.shards, count))
     executor = make_executor(out / "submitit", args.executor, "hpc-synthesize", args.time,
@@ -104,15 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                              partition=args.partition, account=args.account, parallelism=args.parallelism)
     jobs = executor.map_array(SynthesizeShard(), range(shards), [shards] * shards, [str(out)] * shards,
                               [cfg] * shards)
-    print(f"synthesize: {count} candidates in {shards} shards, {executor.cluster} job "
-          f"{jobs[0].job_id.split('_')[0]}", file=sys.stderr, flush=True)
+    log.info("synthesize: %d candidates in %d shards, %s job %s", count, shards, executor.cluster,
+             jobs[0].job_id.split("_")[0])
     failed = wait_for_array(jobs, "synthesize", lambda s: (f"shard {s['shard']} done ({s['checked']} checked, "
                                                            f"{s['skipped']} already recorded, {s['accepted']} accepted)"),
-                            args.progress_every)
+                            args.progress_every, args.quiet)
     try:
         code = _report(merge(out, cfg), out)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         return 1
     return 1 if failed else code
 

@@ -23,6 +23,7 @@ on the same RUN resumes.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import socket
@@ -36,8 +37,12 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
+from hpc.entry import Parser, exit_now  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
+from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging  # noqa: E402
+
+log = logging.getLogger(__name__)
 
 RESULTS = "train.h5"
 
@@ -55,14 +60,14 @@ def _step_line(m: dict[str, Any]) -> str:
 
 
 def run_trainer(cfg, out: Path, backend, quiet: bool = False) -> dict[str, Any]:
-    """Train here with `backend`; the trainer of rank 0 writes the results. Returns a summary."""
+    """Train here with `backend`; the trainer of rank 0 writes the results and, unless `quiet`,
+    shows a line per step. Returns a summary."""
     from hpc.progress import Progress
     from hpc.results.training import TrainingWriter
     from hpc.rl.trainer import Trainer
 
     out.mkdir(parents=True, exist_ok=True)
-    log = (lambda line: None) if quiet else (lambda line: print(line, flush=True))
-    trainer = Trainer(cfg, out, backend, log=log)
+    trainer = Trainer(cfg, out, backend)
     rows: list[dict[str, Any]] = []
     writer = TrainingWriter(out / RESULTS) if trainer.is_writer else None
     progress = Progress(cfg.total_steps, "train", sys.stdout) if trainer.is_writer and not quiet else None
@@ -146,7 +151,7 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
             pin_device(roles, first=trainers_here)
         clean = run_worker(group, 0, cfg.eval)
         if not clean:
-            _exit_now(0)
+            exit_now(0)
         return None
     # torch.distributed among the trainers: rendezvous at the first trainer's host.
     from hpc.policy.parallel import free_port
@@ -157,19 +162,18 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
                       MASTER_ADDR=address[0], MASTER_PORT=str(address[1]))
     if group.Get_rank() > 0:   # a TP group's other ranks take its first rank's results, never score
         try:
-            return run_trainer(cfg, out, LocalBackend(cfg.eval), quiet=True)
+            return run_trainer(cfg, out, LocalBackend(cfg.eval), quiet)
         finally:
             _finish_trainers(roles, True)
     coordinator = Coordinator(group, list(range(tp, group.Get_size())))
     backend = PoolBackend(PoolClient(coordinator), cfg.eval)
     try:
-        return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend,
-                           quiet or roles.Get_rank() != 0)
+        return run_trainer(cfg, out, CachedBackend(backend) if cfg.rollout.reward_cache else backend, quiet)
     finally:
         clean = coordinator.close()
-        print(f"reward pool of trainer rank {roles.Get_rank()}: {coordinator.usage_line()}", flush=True)
+        log.info("reward pool of trainer rank %d: %s", roles.Get_rank(), coordinator.usage_line())
         for reason in coordinator.dead.values():
-            print(f"reward pool of trainer rank {roles.Get_rank()}: lost {reason}", flush=True)
+            log.warning("reward pool of trainer rank %d: lost %s", roles.Get_rank(), reason)
         _finish_trainers(roles, clean)
 
 
@@ -179,20 +183,7 @@ def _finish_trainers(trainers, clean: bool) -> None:
     from mpi4py import MPI
 
     if not trainers.allreduce(clean, op=MPI.LAND):
-        _exit_now(1)
-
-
-def _exit_now(code: int) -> None:
-    """Leave without MPI_Finalize. Children this process started through multiprocessing
-    (megatron's checkpoint writer) are killed first: they would outlive it holding mpirun's
-    output pipes, and mpirun waits for those to close."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        child.kill()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        exit_now(1)
 
 
 def train(config: str, out: str, pool: bool = False, trainers: int = 1, quiet: bool = False) -> dict[str, Any] | None:
@@ -211,6 +202,7 @@ class TrainJob(submitit.helpers.Checkpointable):
     are the MPI world). Requeued on preemption or timeout, it resumes from the run's checkpoints."""
 
     def __call__(self, config: str, out: str, pool: bool, trainers: int) -> dict[str, Any] | None:
+        setup_logging()
         try:
             return train(config, out, pool, trainers)
         finally:
@@ -219,24 +211,19 @@ class TrainJob(submitit.helpers.Checkpointable):
             teardown()
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog="python jobs/train.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="python jobs/train.py", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--out", required=True, help="run folder: results, checkpoints, report (resumed if present)")
     p.add_argument("--pool", action="store_true", help="under MPI: trainer rank(s) plus reward-worker ranks")
     p.add_argument("--trainers", type=int, default=1,
                    help="trainer ranks with --pool (policy.parallel.tensor x data parallel)")
-    p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument("--submit", action="store_true", help="run as a submitit job (Slurm where srun exists)")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--tasks-per-node", type=int, default=1, help="MPI ranks per node (trainers + workers)")
     p.add_argument("--gpus-per-node", type=int, default=0)
     add_executor_args(p, minutes=240)
+    add_logging_args(p)
     return p.parse_args(argv)
 
 
@@ -254,19 +241,18 @@ def submit(args: argparse.Namespace) -> dict[str, Any] | None:
         raise UserError("--submit --pool needs Slurm (MPI ranks); without it drop --pool")
     job = executor.submit(TrainJob(), str(Path(args.config).resolve()), str(Path(args.out).resolve()), args.pool,
                           args.trainers)
-    print(f"submitted job {job.job_id} (logs under {Path(args.out) / 'slurm'})", flush=True)
+    log.info("submitted job %s (logs under %s)", job.job_id, Path(args.out) / "slurm")
     results = job.results()
     return next((r for r in results if r is not None), None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMIX_RANK", "0")) or 0)
     try:
+        args = parse_args(argv)
+        setup_logging(args.verbose, args.quiet)
         summary = submit(args) if args.submit else train(args.config, args.out, args.pool, args.trainers, args.quiet)
-    except UserError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
+    except UserError as e:   # every rank reads the same arguments and config
+        log.error("error: %s", e, extra=ON_EVERY_RANK)
         return 2
     if summary is not None:
         for stage, reward in summary.get("measured", {}).items():

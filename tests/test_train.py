@@ -51,10 +51,11 @@ def _train_under_mpirun(ranks: int, config: Path, out: Path, *flags: str,
                  "jobs/train.py", "--config", str(config), "--out", str(out), "--pool", *flags], timeout=timeout, env=env)
 
 
-def _train_under_torchrun(procs: int, config: Path, out: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def _train_under_torchrun(procs: int, config: Path, out: Path, *flags: str,
+                          timeout: float = 900) -> subprocess.CompletedProcess:
     """`jobs/train.py` as `procs` trainer processes started by torchrun, each with its own evaluator."""
     return _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
-                 "jobs/train.py", "--config", str(config), "--out", str(out)], timeout=timeout)
+                 "jobs/train.py", "--config", str(config), "--out", str(out), *flags], timeout=timeout)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -166,7 +167,7 @@ def test_resume_continues_with_the_same_next_step(tmp_path):
     from hpc.rl.trainer import Trainer
 
     cfg = load_train_config(config)
-    trainer = Trainer(cfg, tmp_path / "cut", CachedBackend(LocalBackend(cfg.eval)), log=lambda line: None)
+    trainer = Trainer(cfg, tmp_path / "cut", CachedBackend(LocalBackend(cfg.eval)))
     with TrainingWriter(tmp_path / "cut" / "train.h5") as writer:
         def stop_after_three(metrics, samples):
             writer.append_step(metrics)
@@ -233,7 +234,7 @@ def test_training_with_the_reward_pool_under_mpirun(tmp_path):
     assert len(trajectories) == 2
     assert all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
     assert out.stdout.count("trained 3 steps") == 1
-    assert re.search(r"reward pool of trainer rank 0: \d+ answered by 2 worker rank\(s\)", out.stdout), out.stdout
+    assert re.search(r"reward pool of trainer rank 0: \d+ answered by 2 worker rank\(s\)", out.stderr), out.stderr
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI")
@@ -302,7 +303,7 @@ def test_pipeline_parallel_training_runs_end_to_end_under_torchrun(tmp_path):
     two = tmp_path / "pp"
     two.mkdir()
     small_config(two, stages=stages, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}})
-    out = _train_under_torchrun(2, two / "train.yaml", two / "run")
+    out = _train_under_torchrun(2, two / "train.yaml", two / "run", "--verbose")      # every rank's lines
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     rows, reference = read_steps(two / "run" / "train.h5"), read_steps(tmp_path / "one" / "train.h5")
     assert [r["stage"] for r in rows] == [r["stage"] for r in reference] == ["warmup_sft", "warmup_sft", "ppo"]
@@ -315,7 +316,7 @@ def test_pipeline_parallel_training_runs_end_to_end_under_torchrun(tmp_path):
     assert len(trajectories) == 2 and all(t["record"]["task_id"] == "level1/04_max_dim" for t in trajectories)
     meta = json.loads((two / "run" / "checkpoints" / "policy" / "iter_0000003" / "hpc_policy.json").read_text())
     assert meta["pipeline_parallel"] == 2, meta
-    assert out.stdout.count("stage ppo: ppo") == 2      # both stages' ranks train it
+    assert out.stderr.count("stage ppo: ppo") == 2      # both stages' ranks train it
 
 
 def test_a_tensor_x_pipeline_parallel_run_resumes_with_the_same_next_step(tmp_path):
@@ -341,9 +342,9 @@ def test_a_tensor_x_pipeline_parallel_run_resumes_with_the_same_next_step(tmp_pa
         for later in (4, 5):
             shutil.rmtree(cut / "checkpoints" / model / f"iter_{later:07d}")
         (cut / "checkpoints" / model / "latest").write_text("2")
-    out = _train_under_torchrun(4, config, cut, timeout=1200)
+    out = _train_under_torchrun(4, config, cut, "--verbose", timeout=1200)      # every rank's lines
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    assert out.stdout.count("resumed at step 2") == 4, out.stdout[-3000:]
+    assert out.stderr.count("resumed at step 2") == 4, out.stderr[-3000:]
     resumed = read_steps(cut / "train.h5")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     for a, b in zip(whole[:4], resumed[:4]):
@@ -383,13 +384,13 @@ def test_pipeline_parallel_training_with_the_reward_pool_under_mpirun(tmp_path):
     config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}},
                           stages=[{"name": "warmup_sft", "kind": "sft", "steps": 1, "batch_size": 2},
                                   {"name": "ppo", "kind": "ppo", "steps": 1}])
-    out = _train_under_mpirun(4, config, tmp_path / "run", "--trainers", "2")
+    out = _train_under_mpirun(4, config, tmp_path / "run", "--trainers", "2", "--verbose")     # every rank's lines
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     steps = read_steps(tmp_path / "run" / "train.h5")
     assert [r["stage"] for r in steps] == ["warmup_sft", "ppo"] and steps[-1]["samples"] == 2
     assert len(read_trajectories(tmp_path / "run" / "train.h5", step=2)) == 2
     for rank in (0, 1):
-        assert f"reward pool of trainer rank {rank}: 1 answered by 1 worker rank(s)" in out.stdout, out.stdout
+        assert f"reward pool of trainer rank {rank}: 1 answered by 1 worker rank(s)" in out.stderr, out.stderr
 
 
 def test_submitit_runs_the_job_and_resumes_the_run(tmp_path):

@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import logging
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpc.entry import exit_now
 from hpc.errors import UserError
+from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
 if TYPE_CHECKING:
     from hpc.agent.backend import EvalBackend
     from hpc.config import EvalConfig
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="write the trajectory here (JSON)")
     p.add_argument("--pool", action="store_true", help="serve compile/verify/profile from MPI worker ranks")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one pool request may take")
+    add_logging_args(p)
     return p.parse_args(argv)
 
 
@@ -135,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     from hpc.config import command_line_config
 
     args = parse_args(argv)
-    rank = 0
+    rank = None
     if args.pool:
         from mpi4py import MPI
 
         rank = MPI.COMM_WORLD.Get_rank()
+    setup_logging(args.verbose, args.quiet, rank)
     try:
         check_args(args)
         eval_cfg = command_line_config(args.eval_config, args.backend, args.scale, args.iterations)
@@ -150,9 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with prestarted_workers():
             return run(args, LocalBackend(eval_cfg))
-    except UserError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
+    except UserError as e:   # every rank reads the same arguments and config
+        log.error("error: %s", e, extra=ON_EVERY_RANK)
         return 2
 
 
@@ -165,33 +170,26 @@ def _pool_main(args: argparse.Namespace, eval_cfg: EvalConfig) -> int:
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() < 2:
-        if comm.Get_rank() == 0:
-            print("error: --pool needs at least 2 ranks (the episode + workers)", file=sys.stderr)
+        log.error("error: --pool needs at least 2 ranks (the episode + workers)")
         return 2
     workers = comm.Split(0 if comm.Get_rank() == 0 else 1, comm.Get_rank())
     if comm.Get_rank() != 0:
         if eval_cfg.backend == "cuda":
             pin_device(workers)
         if not run_worker(comm, 0, eval_cfg):
-            _exit_now(0)
+            exit_now(0)
         return 0
     pool = Coordinator(comm, list(range(1, comm.Get_size())))
     try:
         code = run(args, PoolBackend(PoolClient(pool), eval_cfg, args.timeout))
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        log.error("error: %s", e)
         code = 2
     finally:
         clean = pool.close()
     if not clean:   # a lost rank: MPI_Finalize would wait for it
-        _exit_now(code)
+        exit_now(code)
     return code
-
-
-def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ linear layer; names are translated when the model being loaded holds those keys.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -30,7 +31,10 @@ from typing import Any
 import torch
 
 from hpc.errors import UserError
+from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 from hpc.policy.config import PolicyModelConfig, policy_config
+
+log = logging.getLogger(__name__)
 
 FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -433,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in (imp, exp):
         p.add_argument("--tensor", type=int, default=1)
         p.add_argument("--pipeline", type=int, default=1)
+        add_logging_args(p)
     args = parser.parse_args(argv)
+    setup_logging(args.verbose, args.quiet)
     started = not torch.distributed.is_initialized()
     try:
         init_parallel(tensor=args.tensor, pipeline=args.pipeline)
@@ -442,8 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             out = from_checkpoint(args.root, args.out_dir, args.family, args.tokenizer, args.step,
                                   args.tensor, args.pipeline)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except UserError as e:   # every rank reads the same arguments and checkpoint
+        log.error("error: %s", e, extra=ON_EVERY_RANK)
         return 2
     finally:
         if started:

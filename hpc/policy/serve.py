@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import os
 import signal
-import sys
 import threading
 import time
-import traceback
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from typing import Any
 
 from hpc.errors import UserError
 from hpc.policy.chat import FORMATS, ChatFormat
+
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20
 DTYPES = ("auto", "fp32", "bf16")
@@ -296,7 +297,7 @@ def load_served_policy(sc: ServerConfig, init: bool = True) -> ServedPolicy:
     return ServedPolicy(sc.name, model, cfg, tokenizer, fmt)
 
 
-def make_handler(policy: ServedPolicy, api_key: str | None, max_n: int, log=sys.stderr):
+def make_handler(policy: ServedPolicy, api_key: str | None, max_n: int):
     """The request handler class for one served policy."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -304,7 +305,7 @@ def make_handler(policy: ServedPolicy, api_key: str | None, max_n: int, log=sys.
         server_version = "hpc-serve"
 
         def log_message(self, format: str, *args: Any) -> None:
-            print(f"{self.address_string()} {format % args}", file=log, flush=True)
+            log.info("%s %s", self.address_string(), format % args)
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
@@ -351,7 +352,7 @@ def make_handler(policy: ServedPolicy, api_key: str | None, max_n: int, log=sys.
             except (BrokenPipeError, ConnectionResetError):
                 pass
             except Exception as e:   # the server's own fault: the traceback stays here
-                traceback.print_exc(file=log)
+                log.exception("serve: %s %s failed", method, self.path)
                 self._send(500, RequestError(500, f"internal error: {type(e).__name__}: {e}".splitlines()[0],
                                              kind="server_error").body())
 
@@ -412,7 +413,7 @@ def serve(sc: ServerConfig, ready=None) -> int:
             print(f"serving {policy.name} on http://{host}:{port}", flush=True)
         server.serve_forever()
     except _Stop:
-        print("serve: stopped", file=sys.stderr, flush=True)
+        log.info("serve: stopped")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

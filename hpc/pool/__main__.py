@@ -10,11 +10,15 @@ Re-running with the same --out evaluates only what is missing (task + candidate 
 from __future__ import annotations
 
 import argparse
-import os
+import logging
 import sys
 from pathlib import Path
 
+from hpc.entry import exit_now
 from hpc.errors import UserError
+from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,12 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prestart", type=int, default=None,
                    help="evaluations whose worker processes start ahead, while others run "
                         "(0: none; default one more than --concurrency, with 4 or more cores)")
-    args = p.parse_args(argv)
+    add_logging_args(p)
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The bounds argparse does not check, as UserErrors (said once logging is set up: by rank 0)."""
     if args.concurrency is not None and args.concurrency < 1:
         raise UserError(f"--concurrency: must be >= 1, got {args.concurrency}")
     if args.prestart is not None and args.prestart < 0:
         raise UserError(f"--prestart: must be >= 0, got {args.prestart}")
-    return args
 
 
 def _config(args):
@@ -77,8 +85,8 @@ def coordinate(comm, args, cfg) -> int:
             sent[entry.task.task_id] = item
             pool.submit(WorkItem(id=entry.task.task_id, task=str(entry.task.path), candidate=str(entry.path),
                                  timeout_s=args.timeout, meta={"task_id": entry.task.task_id}))
-        print(f"pool: {len(sent)} to evaluate, {len(items) - len(todo)} already recorded, {len(pool.live)} worker "
-              "ranks", file=sys.stderr, flush=True)
+        log.info("pool: %d to evaluate, %d already recorded, %d worker ranks", len(sent), len(items) - len(todo),
+                 len(pool.live))
         for result in pool.results():
             answered[result.id] = (result.rank, result.seconds)
             yield sent[result.id], EvalRecord(**result.record)
@@ -91,18 +99,12 @@ def coordinate(comm, args, cfg) -> int:
     with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:
         run_items(items, on_the_pool, store, describe=describe, label="pool")
     clean = pool.close()
-    print(f"pool: {pool.usage_line()}", file=sys.stderr, flush=True)
+    log.info("pool: %s", pool.usage_line())
     for rank, reason in sorted(pool.dead.items()):
-        print(f"pool: lost {reason}", file=sys.stderr, flush=True)
+        log.warning("pool: lost %s", reason)
     if not clean:   # MPI_Finalize would wait for the lost ranks
-        _exit_now(0 if pool.live else 3)
+        exit_now(0 if pool.live else 3)
     return 0
-
-
-def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,12 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     try:
         args = parse_args(argv)
+        setup_logging(args.verbose, args.quiet, comm.Get_rank())
+        check_args(args)
         cfg = _config(args)
         if comm.Get_size() < 2:
             raise UserError("the pool needs at least 2 ranks (1 coordinator + workers)")
-    except UserError as e:
-        if comm.Get_rank() == 0:
-            print(f"error: {e}", file=sys.stderr)
+    except UserError as e:   # every rank reads the same arguments and config
+        log.error("error: %s", e, extra=ON_EVERY_RANK)
         return 2
     workers = comm.Split(0 if comm.Get_rank() == 0 else 1, comm.Get_rank())
     if comm.Get_rank() == 0:
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.backend == "cuda":
         pin_device(workers)
     if not run_worker(comm, 0, cfg, concurrency=args.concurrency, prestart=args.prestart):
-        _exit_now(0)
+        exit_now(0)
     return 0
 
 

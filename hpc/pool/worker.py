@@ -9,8 +9,8 @@ compiler.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -28,6 +28,8 @@ from hpc.results.record import EvalRecord
 from hpc.sandbox.prestart import default_depth, prestarted_workers
 from hpc.task import load_task
 from hpc.verify.static import link_flags
+
+log = logging.getLogger(__name__)
 
 STOP_AFTER = {"evaluate": "reward", "verify": "correctness", "compile": "compile"}
 
@@ -66,9 +68,8 @@ def warn_if_one_core(rank: int) -> None:
     --cpus-per-task cores): say so, since all of them on one core take several times longer."""
     cores, total = len(os.sched_getaffinity(0)), os.cpu_count() or 1
     if cores == 1 and total > 1:
-        print(f"pool worker rank {rank}: bound to 1 of {total} cores, which its compiles and evaluation "
-              "processes will share (launch with mpirun --bind-to none, or srun --cpus-per-task=N)",
-              file=sys.stderr, flush=True)
+        log.warning("pool worker rank %d: bound to 1 of %d cores, which its compiles and evaluation processes will "
+                    "share (launch with mpirun --bind-to none, or srun --cpus-per-task=N)", rank, total)
 
 
 def default_concurrency(backend: str) -> int:

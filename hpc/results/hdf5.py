@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
-import sys
 import time
 import typing
 from collections.abc import Callable
@@ -42,6 +42,8 @@ GROUP = "records"
 _STR = h5py.string_dtype("utf-8")
 _FLOATS = h5py.vlen_dtype(np.float64)
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def column_dtype(tp) -> object:
@@ -244,8 +246,7 @@ def _recover(path: Path) -> None:
             f.visititems(copy)
         kept = ", ".join(f"{name} {int(f[name].attrs['count'])}" for name in tables)
     os.replace(tmp, path)
-    print(f"results {path}: its last writer did not close it (killed?); recovered the complete rows ({kept})",
-          file=sys.stderr, flush=True)
+    log.warning("results %s: its last writer did not close it (killed?); recovered the complete rows (%s)", path, kept)
 
 
 def _tables(f: h5py.File) -> list[str] | None:

@@ -14,6 +14,7 @@ the merge keeps each sample once. The file's attributes name the checkpoint and 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import threading
@@ -26,6 +27,8 @@ from hpc.errors import UserError
 from hpc.results.record import POLICY_SAMPLE, EvalRecord
 from hpc.rl.trainer import PolicyCheckpoint, find_policy_checkpoint
 from hpc.task import Task
+
+log = logging.getLogger(__name__)
 
 STAGE = "evaluate"   # the trajectories' stage in /train/trajectories (their step: the checkpoint's)
 
@@ -186,5 +189,5 @@ def evaluate_shard(ev: PolicyEvaluation, items: list[tuple[str, int]], shard: in
     finally:
         store.close()
     if run.stopped:
-        print(f"shard {shard}: preempted; its unrecorded samples run again after the requeue", flush=True)
+        log.info("shard %d: preempted; its unrecorded samples run again after the requeue", shard)
     return {"shard": shard, "file": str(path), "evaluated": run.evaluated, "skipped": run.skipped}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
@@ -59,6 +60,8 @@ from hpc.task import Task, discover_tasks, select_tasks
 
 if TYPE_CHECKING:
     from hpc.policy.serve import ServedPolicy
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer.json"
 CHECKPOINTS = "checkpoints"    # RUN/checkpoints/{policy,critic,reference}/ and STATE_FILE.N
@@ -190,13 +193,12 @@ class _Averaged(torch.optim.Optimizer):
 
 
 class Trainer:
-    """See the module docstring. `backend` scores episodes; `log` receives progress lines."""
+    """See the module docstring. `backend` scores episodes; where the run stands is logged."""
 
-    def __init__(self, cfg: TrainConfig, out: str | Path, backend: EvalBackend,
-                 log: Callable[[str], None] = print):
+    def __init__(self, cfg: TrainConfig, out: str | Path, backend: EvalBackend):
         from hpc.policy.parallel import init_parallel
 
-        self.cfg, self.out, self.backend, self.log = cfg, Path(out), backend, log
+        self.cfg, self.out, self.backend = cfg, Path(out), backend
         self.layout = init_parallel(tensor=cfg.policy.parallel.tensor, pipeline=cfg.policy.parallel.pipeline,
                                     seed=cfg.seed)
         self.is_writer = self.layout.rank == 0
@@ -318,10 +320,10 @@ class Trainer:
             self.reference = self._frozen_copy()
             load_checkpoint(self.checkpoint_root / "reference", self.reference, None, step)
         if self.position.stage >= len(self.cfg.stages):
-            self.log(f"the run is complete ({self.position.step} steps): nothing to train")
+            log.info("the run is complete (%d steps): nothing to train", self.position.step)
         else:
-            self.log(f"resumed at step {self.position.step} (stage {self.cfg.stages[self.position.stage].name}, "
-                     f"step {self.position.stage_step} of it)")
+            log.info("resumed at step %d (stage %s, step %d of it)", self.position.step,
+                     self.cfg.stages[self.position.stage].name, self.position.stage_step)
 
     def save(self) -> Path:
         """Checkpoint the models, the optimizers and the run's position (collective)."""
@@ -389,7 +391,7 @@ class Trainer:
             for group in self.critic_opt.param_groups:
                 group["lr"] = self.cfg.rl.critic_lr
             self.reference = self._frozen_copy()   # KL is measured against the policy the stage began with
-        self.log(f"stage {stage.name}: {stage.kind}, {stage.steps} steps, lr {lr:g}")
+        log.info("stage %s: %s, %d steps, lr %g", stage.name, stage.kind, stage.steps, lr)
 
     def _step(self, stage: StageConfig) -> tuple[dict[str, Any], list[Sample]]:
         if stage.kind == "sft":

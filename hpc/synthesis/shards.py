@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +28,8 @@ from hpc.synthesis.config import FILTERS, SynthesisConfig
 from hpc.synthesis.filters import FilterChain
 from hpc.synthesis.manifest import run_stats, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
+
+log = logging.getLogger(__name__)
 
 SHARD_FORMAT = "hpc-synthesis-shard"
 DATASET = "dataset"
@@ -319,7 +321,6 @@ def stats_table(stats: dict) -> str:
 
 
 def print_report(stats: dict, out: Path) -> None:
-    """The per-filter table on stdout and the one-line outcome on stderr."""
+    """The per-filter table on stdout (the run's result) and the one-line outcome logged."""
     print(stats_table(stats))
-    print(f"synthesize: {stats['accepted']} of {stats['candidates']} candidates accepted into {out / DATASET}",
-          file=sys.stderr)
+    log.info("synthesize: %d of %d candidates accepted into %s", stats["accepted"], stats["candidates"], out / DATASET)
