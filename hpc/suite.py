@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,15 +91,15 @@ class Entry:
         return self.task.task_id, sha or str(self.path or "")
 
 
-def suite_entries(tasks: list[Task | BadTask], find: Callable[[Task], Path | None], where: str) -> list[Entry]:
-    """Each task with its candidate, loaded (hashed) now so that a run can skip what it recorded.
-    `find` locates a task's candidate; `where` says where, for the missing ones' reason."""
+def suite_entries(pairs: list[tuple[Task | BadTask, Path | None]], where: str) -> list[Entry]:
+    """Each (task, where its candidate was found) with the candidate loaded (hashed) now, so that a
+    run can skip what it recorded; `where` names the candidates' place, for the missing ones' reason.
+    A task may come more than once (several samples of it)."""
     entries = []
-    for task in tasks:
+    for task, path in pairs:
         if isinstance(task, BadTask):
             entries.append(Entry(task, None, None))
             continue
-        path = find(task)
         try:
             if path is None:
                 raise UserError(f"no candidate for {task.task_id} under {where}")
@@ -136,7 +135,8 @@ def evaluate_suite(tasks: list[Task | BadTask], candidates_root: Path, cfg: Eval
     baselines' torch.compile and correctness overlap, while every timed run holds the device alone
     (hpc.profile.device_lock). Worker processes of the next evaluations start while these run.
     """
-    entries = suite_entries(tasks, lambda t: find_candidate(t, candidates_root), shown(candidates_root))
+    entries = suite_entries([(t, None if isinstance(t, BadTask) else find_candidate(t, candidates_root))
+                             for t in tasks], shown(candidates_root))
     items = [Item(e.record_key(), e) for e in entries]
     run = run_items(items, in_threads(lambda item: evaluate_entry(item.payload, cfg), jobs),
                     store if store is not None else Unkept(), describe=lambda item, rec: describe(rec),

@@ -58,9 +58,9 @@ class EvaluateShard(submitit.helpers.Checkpointable):
 
         path = Path(out_dir) / f"shard-{shard:04d}.h5"
         mine = [item for i, item in enumerate(items) if i % shards == shard]
-        found = {task_path: Path(candidate) if candidate else None for task_path, candidate in mine}
-        entries = suite_entries([load_task(task_path) for task_path, _ in mine], lambda t: found[str(t.path)],
-                                "the candidates")
+        tasks = {task_path: load_task(task_path) for task_path in dict.fromkeys(p for p, _ in mine)}
+        entries = suite_entries([(tasks[task_path], Path(candidate) if candidate else None)
+                                 for task_path, candidate in mine], "the candidates")   # a task once per sample
         preempted = watch_for_sigterm()
         with RecordStore(path, provenance(config_to_dict(cfg))) as store:
             run = run_items([Item(e.record_key(), e) for e in entries],

@@ -69,7 +69,7 @@ def coordinate(comm, args, cfg) -> int:
     from hpc.task import discover_tasks, select_tasks
 
     tasks = select_tasks(discover_tasks(args.tasks), args.only, args.tasks)
-    entries = suite_entries(tasks, lambda t: find_candidate(t, Path(args.candidates)), args.candidates)
+    entries = suite_entries([(t, find_candidate(t, Path(args.candidates))) for t in tasks], args.candidates)
     items = [Item(e.record_key(), e) for e in entries]
     pool = Coordinator(comm, list(range(1, comm.Get_size())), args.dead_after, args.retries)
     answered: dict[str, tuple[int, float]] = {}   # task id -> (worker rank, seconds)
