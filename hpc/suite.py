@@ -155,7 +155,8 @@ def one_line(text: str) -> str:
 def _status(rec: EvalRecord) -> str:
     if rec.failed_stage:
         return f"{rec.status} at {rec.failed_stage}: {rec.reason}"
-    return f"reward {rec.reward:g}, {rec.speedup_eager:.2f}x eager, {rec.speedup_compile:.2f}x compile"
+    line = f"reward {rec.reward:g}, {rec.speedup_eager:.2f}x eager"
+    return line if math.isnan(rec.speedup_compile) else f"{line}, {rec.speedup_compile:.2f}x compile"   # eager alone
 
 
 def _fmt(x: float, spec: str = ".3f") -> str:
