@@ -1,9 +1,12 @@
 """Do rewards repeat? The shipped suite evaluated `--runs` times, each a separate `hpc eval-suite`
-process with a fresh cache (nothing measured is carried from one run to the next), one run after
-another with nothing else started by this script beside them. Per row: the reward of each run, and
-how far each run's speedup over torch.compile lies from the row's median across runs.
+process with a fresh cache (nothing measured is carried from one run to the next: torch.compile
+compiles anew into an empty inductor cache; only the candidates' own builds, keyed by their
+sources, are shared), one run after another with nothing else started by this script beside them.
+Per row: the reward of each run, and how far each run's speedup over torch.compile lies from the
+row's median across runs.
 
-    python benchmarks/reward_repeat.py --backend cpu --runs 3 [--only level2] [--jobs 1]
+    python benchmarks/reward_repeat.py --backend cpu --runs 3 [--only level2] [--jobs 1] [--keep DIR]
+    python benchmarks/reward_repeat.py --tables DIR      the tables again, from the runs kept in DIR
 
 Bar (issue 21): at least 95% of rows get the same reward in every run, and every row's
 vs-compile ratio stays within 3% of its median.
@@ -26,22 +29,36 @@ sys.path.insert(0, str(ROOT))
 from hpc.results.hdf5 import read_records  # noqa: E402
 
 
-def one_run(args: argparse.Namespace, folder: Path, k: int) -> dict[str, tuple]:
-    """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms)}
-    of one fresh-cache eval-suite process."""
-    out = folder / f"run-{k}.h5"
-    env = {**os.environ, "HPC_CACHE_DIR": str(folder / f"cache-{k}")}
+def one_run(args: argparse.Namespace, folder: Path, keep: Path, k: int) -> Path:
+    """Run `k`: one eval-suite process with a cache of its own in `folder` (the candidates' builds
+    shared), its records in `keep`."""
+    keep.mkdir(parents=True, exist_ok=True)
+    out = keep / f"run-{k}.h5"
+    cache = folder / f"cache-{k}"
+    cache.mkdir(parents=True, exist_ok=True)
+    (folder / "native").mkdir(exist_ok=True)
+    if not (cache / "native").exists():
+        (cache / "native").symlink_to(folder / "native")
+    env = {**os.environ, "HPC_CACHE_DIR": str(cache)}
     cmd = [sys.executable, "-m", "hpc.cli", "eval-suite", str(args.tasks), str(args.solutions), "--out", str(out),
            "--backend", args.backend, "--jobs", str(args.jobs), "--iterations", str(args.iterations)]
+    if args.scale:
+        cmd += ["--scale", args.scale]
     for only in args.only:
         cmd += ["--only", only]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=sys.stderr)   # its progress in this one's log
     if not out.exists():
-        raise SystemExit(f"run {k} wrote no records (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    print(f"run {k}: {time.monotonic() - t0:.0f} s, exit {proc.returncode}", file=sys.stderr)
+        raise SystemExit(f"run {k} wrote no records (exit {proc.returncode})")
+    print(f"run {k}: {time.monotonic() - t0:.0f} s, exit {proc.returncode}, "
+          f"{time.strftime('%H:%M:%S', time.gmtime())} UTC", file=sys.stderr, flush=True)
+    return out
+
+
+def figures(path: Path) -> dict[str, tuple]:
+    """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms)}."""
     return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms)
-            for r in read_records(out)}
+            for r in read_records(path)}
 
 
 def main() -> int:
@@ -49,13 +66,21 @@ def main() -> int:
     p.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--scale", choices=("cpu", "gpu"), default=None, help="default: the backend's own")
+    p.add_argument("--keep", type=Path, default=None, help="keep each run's records (run-K.h5) in this folder")
+    p.add_argument("--tables", type=Path, default=None, help="no runs: the tables of the run-K.h5 files here")
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--only", action="append", default=[])
     p.add_argument("--tasks", type=Path, default=ROOT / "kernels" / "tasks")
     p.add_argument("--solutions", type=Path, default=ROOT / "kernels" / "solutions")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
-        runs = [one_run(args, Path(tmp), k) for k in range(args.runs)]
+    if args.tables:
+        runs = [figures(path) for path in sorted(args.tables.glob("run-*.h5"))]
+    else:
+        with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
+            runs = [figures(one_run(args, Path(tmp), args.keep or Path(tmp), k)) for k in range(args.runs)]
+    if not runs:
+        raise SystemExit(f"no run-K.h5 files in {args.tables}")
     tasks = sorted(set().union(*runs))
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
@@ -75,7 +100,7 @@ def main() -> int:
         rows = [run[task] for run in runs if task in run]
         print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) for i in (3, 4, 5, 6)) + " |")
     n = len(tasks)
-    print(f"\nsame reward in all {args.runs} runs: {same}/{n} ({100 * same / max(n, 1):.0f}%); "
+    print(f"\nsame reward in all {len(runs)} runs: {same}/{n} ({100 * same / max(n, 1):.0f}%); "
           f"vs compile within 3% of the median: {within}/{n} ({100 * within / max(n, 1):.0f}%)")
     return 0 if n and same >= 0.95 * n and within == n else 1
 

@@ -15,10 +15,12 @@ import json
 import os
 import random
 import secrets
+import threading
 from pathlib import Path
 
 from hpc.config import EvalConfig
 from hpc.hardware import conditions, versions
+from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
@@ -118,7 +120,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             fresh.close()
     driver = PairDriver(pair, cfg)
     load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
-    with lock.exclusive():
+    with lock.exclusive(), timing(pair.pids, [threading.get_native_id()]):
         measured = conditions(cfg.backend, lock.beside())
         window = run_window(baseline_entrants(driver, cfg, [program]), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:

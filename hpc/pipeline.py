@@ -18,6 +18,7 @@ import os
 import random
 import secrets
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -31,6 +32,7 @@ from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.compile.op_monitor import op_monitor_library
 from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
+from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
@@ -259,7 +261,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs)]
         try:
-            with lock.exclusive():
+            with lock.exclusive(), timing([*pair.pids, *baselines.result().pids], [threading.get_native_id()]):
                 measured = conditions(cfg.backend, lock.beside())
                 window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
         except EntrantError as e:

@@ -21,8 +21,10 @@
 #         train       the trainer on the GPU at the 0.5B shape (configs/train/h200-smoke.yaml; needs megatron-core)
 #         policy      the megatron policy: training tokens/s and MFU, rollout tokens/s vs HF generate
 #                     (benchmarks/policy_speed.py at the 0.5b preset; POLICY_ARGS adds flags)
-# The per-task caches (eager and torch.compile baselines, FLOP and byte counts: $HPC_CACHE_DIR/baselines,
-# costs) go back as cache.tgz, so a later call can carry them.
+#         spread      why the torch.compile baseline moves: fresh compiles' code and figures
+#                     (benchmarks/compile_spread.py; SPREAD_ARGS adds flags)
+#         repeat      the suite evaluated three times from fresh caches, rewards and ratios per run
+#                     (benchmarks/reward_repeat.py, records in repeat/; REPEAT_ARGS adds flags)
 # A PYTHONPATH already set (packages installed with pip --target) stays after the checkout.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,6 +61,8 @@ for spec in "$@"; do
                    --keep "$out/pool" ${POOL_ARGS:-}) ;;
         policy) cmd=(python3 benchmarks/policy_speed.py --device cuda --preset 0.5b --out "$out/policy.json"
                      ${POLICY_ARGS:-}) ;;
+        spread) cmd=(python3 benchmarks/compile_spread.py --backend cuda --out "$out/spread.json" ${SPREAD_ARGS:-}) ;;
+        repeat) cmd=(python3 benchmarks/reward_repeat.py --backend cuda --keep "$out/repeat" ${REPEAT_ARGS:-}) ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     timeout "$limit" "${cmd[@]}" >"$out/$stage.log" 2>&1
@@ -66,4 +70,3 @@ for spec in "$@"; do
     tail -n 40 "$out/$stage.log"
     echo "=== $stage exit $rc $(date -u +%T)"
 done
-tar czf "$out/cache.tgz" -C "$HPC_CACHE_DIR" $(cd "$HPC_CACHE_DIR" && ls -d baselines costs 2>/dev/null) 2>/dev/null || true

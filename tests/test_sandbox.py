@@ -85,6 +85,16 @@ def test_memory_limit_applies_on_cpu(tmp_path):
     assert rc != 0 and "MemoryError" in out
 
 
+def test_every_worker_gets_the_same_fixed_allocator_thresholds(tmp_path):
+    """Without them a process's glibc moves its thresholds with what it freed, and one fresh process
+    pays its tensors' page faults on every call where another does not (docs/benchmarks.md)."""
+    from hpc.sandbox.process import STEADY_MALLOC
+    with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
+        environ = dict(item.split("=", 1) for item in
+                       Path(f"/proc/{proc.worker_pid}/environ").read_text().split("\0") if "=" in item)
+    assert {k: environ.get(k) for k in STEADY_MALLOC} == STEADY_MALLOC
+
+
 def test_worker_crash_is_reported_with_its_signal(tmp_path):
     with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
         proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"})

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from hpc.config import CorrectnessConfig
+from hpc.profile.cores import compiling
 from hpc.profile.timing import POISON, Call, Failure, modified_input, run_calls, stop_program
 from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, PolicyViolation
 from hpc.runner.inputs import as_tuple, init_model, make_inputs
@@ -434,7 +435,8 @@ class ProgramWorker(_Worker):
         t0 = time.monotonic()
         program = msg["program"]
         if program == "candidate":
-            call = self._load_candidate(msg)
+            with compiling():   # a load-time build (load_inline) stays off the cores kept for timing
+                call = self._load_candidate(msg)
             self.programs = {}
         else:
             model = init_model(self.task.Model, self.task, self.init_seed, self.device)
@@ -445,8 +447,9 @@ class ProgramWorker(_Worker):
             call = lambda inputs, poison: model(*inputs)   # noqa: E731
         self.programs[program] = call
         if program.startswith("compile"):   # compile now: the timed calls run under an exclusive device lock
-            call(self.inputs, None)
-            synchronize(self.device)
+            with compiling():
+                call(self.inputs, None)
+                synchronize(self.device)
         return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
 
     def _load_candidate(self, msg: dict):

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from hpc.profile.cores import compile_cores
 from hpc.sandbox import seccomp, stub
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,8 @@ class Policy:
     join: int | None = None              # pidfd of a confined program whose PID namespace to share
     pid_namespace: bool = True           # False: the subreaper sweep alone (as where the kernel refuses one)
     landlock: bool = True
-    background: bool = False             # lowest CPU priority (SCHED_IDLE): never slows a timed run beside it
+    background: bool = False             # lowest CPU priority (SCHED_IDLE), off the cores kept for timing
+                                         # (hpc.profile.cores): never slows a timed run beside it
 
     def __post_init__(self):
         if self.seccomp not in (*seccomp.PROFILES, "off"):
@@ -178,7 +180,8 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
             "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock,
-            "pid_namespace": policy.pid_namespace, "background": policy.background}
+            "pid_namespace": policy.pid_namespace, "background": policy.background,
+            "cpus": sorted(compile_cores()) if policy.background else None}
     status_r, status_w = os.pipe()
     fds = (*policy.pass_fds, status_w, *(() if policy.join is None else (policy.join,)))
     try:

@@ -46,6 +46,11 @@ class WorkerPair:
     def candidate_dir(self) -> Path:
         return self.workroot / "candidate"
 
+    @property
+    def pids(self) -> list[int]:
+        """Both processes' host pids (a window pins them: hpc.profile.cores.timing)."""
+        return [self.reference.worker_pid, self.program.worker_pid]
+
     def kill(self) -> None:
         self.reference.kill()
         self.program.kill()

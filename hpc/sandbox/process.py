@@ -90,6 +90,14 @@ class ExitInfo:
     reason: str
 
 
+# glibc's allocator moves its thresholds for handing freed memory back to the system with what the
+# process freed before: a process whose thresholds moved pays its large tensors' page faults again
+# on every call (7076 faults a call against 273, 3.3x slower, between two fresh processes timing the
+# same eager model: docs/benchmarks.md). Fixed thresholds, the same in every timed process, take
+# that history out of every figure.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+
 class SandboxedProcess:
     """One worker process in the sandbox. Use as a context manager; `request` sends and awaits a reply.
 
@@ -118,6 +126,7 @@ class SandboxedProcess:
             "TMPDIR": str(self.workdir / "tmp"), "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": launch.python_path_dir(), "HPC_BACKEND": backend,
             "CUDA_CACHE_PATH": str(self.workdir / ".nv"), "TORCHINDUCTOR_CACHE_DIR": str(self.workdir / "inductor"),
+            **STEADY_MALLOC,
         }
         for key in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "LANG", "LC_ALL", "CXX", "NVCC",
                     "CUDA_HOME"):

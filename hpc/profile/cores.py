@@ -1,0 +1,123 @@
+"""Cores kept for timed runs: compiles stay off them, the window's processes run on them.
+
+With several evaluations at once (`eval-suite --jobs N`, a pool worker's prestarted pairs), one
+evaluation's compiles run while another's window is timed: nvcc and its children, inductor's
+compile workers, a candidate's load-time build. SCHED_IDLE keeps a compile from taking a core a
+timed program wants, but not from sharing a physical core (its hyperthread sibling), its caches
+and memory bandwidth with it. So on a host with 8 or more usable cores about a quarter of them
+(whole physical cores, at least 2) is kept: every compile is pinned to the others, and while a
+window is timed its processes (both pairs: the references that drive the calls, the candidate's
+and the baselines' programs) are pinned to the kept ones, then put back. What is timed then runs
+on the same quiet cores whichever evaluation it belongs to. Below 8 cores nothing is kept: a
+quarter of 2 or 4 cores would leave the timed programs too few.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterable, Iterator
+
+MIN_CORES = 8
+
+
+def _siblings(cpu: int) -> frozenset[int]:
+    """The logical cores of `cpu`'s physical core (itself alone where the topology is not shown)."""
+    try:
+        text = open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read().strip()
+    except OSError:
+        return frozenset({cpu})
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(out)
+
+
+def kept_cores(cores: Iterable[int] | None = None) -> set[int]:
+    """The cores kept for timing among `cores` (this thread's, by default): whole physical cores
+    from the top, until at least a quarter (and 2) are kept; none below MIN_CORES."""
+    cores = set(os.sched_getaffinity(0) if cores is None else cores)
+    if len(cores) < MIN_CORES:
+        return set()
+    want = max(2, len(cores) // 4)
+    kept: set[int] = set()
+    for cpu in sorted(cores, reverse=True):
+        if len(kept) >= want:
+            break
+        kept |= _siblings(cpu) & cores
+    return kept if len(kept) < len(cores) else set()
+
+
+def compile_cores(cores: Iterable[int] | None = None) -> set[int]:
+    """Where compiles may run: `cores` (this thread's, by default) less the kept ones."""
+    cores = set(os.sched_getaffinity(0) if cores is None else cores)
+    return cores - kept_cores(cores)
+
+
+def _threads(pid: int | str) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:   # ended
+        return []
+
+
+def _pin(tids: Iterable[int], cores: set[int]) -> None:
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except (ProcessLookupError, PermissionError):
+            pass   # ended meanwhile, or not ours to move
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[None]:
+    """This process's threads on the compile cores for the block, back where they were after;
+    processes started inside it stay on the compile cores (inductor's compile workers)."""
+    before = os.sched_getaffinity(0)
+    target = compile_cores(before)
+    if target == before:
+        yield
+        return
+    try:
+        _pin(_threads("self"), target)
+    except OSError:   # a sandbox that refuses the call: compile where it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        _pin(_threads("self"), before)
+
+
+@contextlib.contextmanager
+def timing(pids: Iterable[int], threads: Iterable[int] = ()) -> Iterator[None]:
+    """Every thread of the processes `pids`, and the `threads` of this one, on the kept cores for
+    the block (a window); each put back where it was after (a thread started meanwhile goes where
+    its process's first was)."""
+    kept = kept_cores()
+    if not kept:
+        yield
+        return
+    own = {tid: os.sched_getaffinity(tid) for tid in threads}
+    _pin(own, kept)
+    saved: dict[int, dict[int, set[int]]] = {}
+    for pid in pids:
+        saved[pid] = {}
+        for tid in _threads(pid):
+            try:
+                saved[pid][tid] = os.sched_getaffinity(tid)
+            except OSError:
+                continue
+        _pin(saved[pid], kept)
+    try:
+        yield
+    finally:
+        for pid, threads in saved.items():
+            if not threads:
+                continue
+            first = threads[min(threads)]
+            for tid in _threads(pid):
+                _pin([tid], threads.get(tid, first))
+        for tid, before in own.items():
+            _pin([tid], before)
