@@ -24,7 +24,7 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
-from hpc.sandbox.prestart import WorkerPair, worker_pair
+from hpc.sandbox.prestart import WorkerPair, programs_first, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 
@@ -120,7 +120,8 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             fresh.close()
     driver = PairDriver(pair, cfg)
     load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
-    with lock.exclusive(), timing(pair.pids, [threading.get_native_id()]):
+    with lock.exclusive(), timing(programs_first(pair), [threading.get_native_id()],
+                                  one_core_each=cfg.backend == "cuda"):
         measured = conditions(cfg.backend, lock.beside())
         window = run_window(baseline_entrants(driver, cfg, [program]), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:

@@ -69,7 +69,8 @@ class FloorConfig:
 
 @dataclass
 class RewardConfig:
-    kind: str = "discrete"                # discrete (CUDA Agent) or continuous (speedup vs compile)
+    kind: str = "discrete"                # discrete (CUDA Agent), continuous (speedup vs compile) or
+                                          # correctness (1 correct, -1 not; nothing timed)
     margin: float = 0.05                  # "faster" means faster by more than this fraction
     incorrect: float = -1.0
 
@@ -130,7 +131,7 @@ class EvalConfig:
     def validate(self) -> None:
         _check_choice("backend", self.backend, ("cpu", "cuda"))
         _check_choice("scale", self.scale, ("cpu", "gpu"))
-        _check_choice("reward.kind", self.reward.kind, ("discrete", "continuous"))
+        _check_choice("reward.kind", self.reward.kind, ("discrete", "continuous", "correctness"))
         _check_choice("timing.handshake", self.timing.handshake, ("auto", "spin", "block"))
         for d in self.correctness.distributions:
             _check_choice("correctness.distributions[]", d, tuple(DISTRIBUTIONS))

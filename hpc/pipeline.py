@@ -39,7 +39,7 @@ from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figu
 from hpc.profile.window import Entrant, EntrantError, handshake_ns, run_window
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
-from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
+from hpc.sandbox.prestart import WorkerPair, harness_file, programs_first, worker_pair
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
 from hpc.verify.static import kernel_defect, link_flags, source_defect
@@ -56,10 +56,12 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
     """One evaluation; never raises for anything the candidate does.
 
     `stop_after` ends it early for an agent's tools: "compile" (its compile tool), "correctness"
-    (verify); such records keep a NaN reward unless a stage failed.
+    (verify); such records keep a NaN reward unless a stage failed. The correctness reward times
+    nothing: its evaluations stop after correctness and pay a correct candidate there.
     """
     if stop_after not in STOP_AFTER:
         raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}")
+    untimed = cfg.reward.kind == "correctness" and stop_after == "reward"
     t0 = time.monotonic()
     config = config_to_dict(cfg)
     rec = EvalRecord(
@@ -71,11 +73,13 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
     clock, lock = _StageClock(), DeviceLock(cfg.backend)
     try:
         with lock.active():   # counted as running beside other evaluations' timings
-            _run_stages(rec, task, candidate, cfg, stop_after, clock, lock)
+            _run_stages(rec, task, candidate, cfg, "correctness" if untimed else stop_after, clock, lock)
     finally:
         rec.stage_seconds = json.dumps({**clock.seconds, **{k: round(v, 4) for k, v in lock.seconds.items()}})
     if rec.status == "failed":
         rec.reward = cfg.reward.incorrect
+    elif untimed and rec.status == "ok" and rec.correct:
+        rec.reward = compute_reward(True, math.nan, math.nan, cfg.reward)
     rec.wall_seconds = time.monotonic() - t0
     return rec
 
@@ -261,7 +265,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs)]
         try:
-            with lock.exclusive(), timing([*pair.pids, *baselines.result().pids], [threading.get_native_id()]):
+            with lock.exclusive(), timing(programs_first(pair, baselines.result()), [threading.get_native_id()],
+                                               one_core_each=cfg.backend == "cuda"):
                 measured = conditions(cfg.backend, lock.beside())
                 window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
         except EntrantError as e:

@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import time
-from typing import TextIO
+from typing import Sequence, TextIO
 
 
 def _duration(seconds: float) -> str:
@@ -26,29 +26,64 @@ def _duration(seconds: float) -> str:
 class Progress:
     """`advance(line)` once per finished item; `close()` at the end (also as a context manager)."""
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, every_s: float = 60.0):
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, every_s: float = 60.0,
+                 kinds: Sequence[str] | None = None):
         self.total, self.label = total, label
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() and os.environ.get("TERM") != "dumb"
         self.every_s = every_s
+        self.kinds = list(kinds) if kinds is not None else None   # each item's kind, in order (ETA per kind)
         self.done = 0
-        self.started = self._last_summary = time.monotonic()
+        self.skipped = 0                   # done before this run (a resume): not part of the rate
+        self.started = self._last_summary = self._last_item = time.monotonic()
+        self._spent: dict[str, list[float]] = {}   # kind -> [seconds, items] measured in this run
         self._bar_shown = False
 
     def status(self) -> str:
-        """`label: done/total (pct), elapsed, rate, time left`."""
+        """`label: done/total (pct), elapsed, rate, time left`: the rate over the items of this run,
+        the time left from each remaining item's kind as measured so far."""
         elapsed = time.monotonic() - self.started
         pct = 100.0 * self.done / self.total if self.total else 100.0
         text = f"{self.label}: {self.done}/{self.total} ({pct:.0f}%), {_duration(elapsed)} elapsed"
-        if self.done and elapsed > 0:
-            rate = self.done / elapsed * 60
-            text += f", {rate:.2f}/min"
+        ran = self.done - self.skipped
+        if ran and elapsed > 0:
+            text += f", {ran / elapsed * 60:.2f}/min"
             if self.done < self.total:
-                text += f", ~{_duration(elapsed / self.done * (self.total - self.done))} left"
+                text += self._left()
         return text
 
-    def advance(self, line: str = "", n: int = 1) -> None:
-        """`n` more items finished; `line` (if any) says how the last one ended."""
+    def _kind(self, index: int) -> str:
+        return self.kinds[index] if self.kinds is not None and index < len(self.kinds) else ""
+
+    def _left(self) -> str:
+        seconds, untimed = 0.0, {}
+        for i in range(self.done, self.total):
+            kind = self._kind(i)
+            if kind in self._spent:
+                spent, items = self._spent[kind]
+                seconds += spent / items
+            else:
+                untimed[kind] = untimed.get(kind, 0) + 1
+        text = f", ~{_duration(seconds)} left"
+        if untimed:
+            text += " + " + ", ".join(f"{n} {kind or 'other'} not yet timed" for kind, n in untimed.items())
+        return text
+
+    def skip(self, n: int, line: str = "") -> None:
+        """`n` items were done before this run (a resume): counted as done, not in the rate."""
+        self.skipped += n
+        self.advance(line, n, timed=False)
+
+    def advance(self, line: str = "", n: int = 1, timed: bool = True) -> None:
+        """`n` more items finished; `line` (if any) says how the last one ended. The time since the
+        previous item is theirs, shared evenly (`timed` False: not measured here)."""
+        now = time.monotonic()
+        if timed:
+            for i in range(self.done, self.done + n):
+                spent = self._spent.setdefault(self._kind(i), [0.0, 0])
+                spent[0] += (now - self._last_item) / n
+                spent[1] += 1
+        self._last_item = now
         self.done += n
         if self.tty:
             self._clear_bar()

@@ -70,9 +70,10 @@ def run_trainer(cfg, out: Path, backend, quiet: bool = False) -> dict[str, Any]:
     trainer = Trainer(cfg, out, backend)
     rows: list[dict[str, Any]] = []
     writer = TrainingWriter(out / RESULTS) if trainer.is_writer else None
-    progress = Progress(cfg.total_steps, "train", sys.stdout) if trainer.is_writer and not quiet else None
+    kinds = [stage.kind for stage in cfg.stages for _ in range(stage.steps)]   # an sft step is not a ppo step
+    progress = Progress(cfg.total_steps, "train", sys.stdout, kinds=kinds) if trainer.is_writer and not quiet else None
     if progress is not None and trainer.position.step:
-        progress.advance(f"resumed after step {trainer.position.step}", n=trainer.position.step)
+        progress.skip(trainer.position.step, f"resumed after step {trainer.position.step}")
     try:
         if writer is not None:
             writer.truncate_after(trainer.position.step)

@@ -263,3 +263,18 @@ def test_bad_arguments_are_one_error_line(tmp_path):
                           [[str(run2)], "error: jobs/analyze.py: the following arguments are required: --out"]):
         proc = analyze(*args)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [message], proc.stderr
+
+
+def test_training_plot_gives_the_rl_steps_an_axis_of_their_own():
+    """400 SFT steps then 18 RL steps: the RL panels number the RL steps 1..18, not 401..418."""
+    from hpc.analysis.plots import RL, SFT, VALUE, _axis_rows
+
+    nan = float("nan")
+    rows = ([{"step": k, "stage": "sft", "sft_loss": 1.0, "value_loss": nan, "reward_mean": nan} for k in range(1, 401)]
+            + [{"step": 400 + k, "stage": "value", "sft_loss": nan, "value_loss": 0.5, "reward_mean": nan}
+               for k in range(1, 3)]
+            + [{"step": 402 + k, "stage": "ppo", "sft_loss": nan, "value_loss": 0.5, "reward_mean": 1.0}
+               for k in range(1, 19)])
+    assert [r["x"] for r in _axis_rows(rows, RL)] == list(range(1, 19))
+    assert [r["step"] for r in _axis_rows(rows, VALUE)] == [401, 402]     # PPO's value loss is not pretraining
+    assert len(_axis_rows(rows, SFT)) == 400

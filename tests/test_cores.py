@@ -84,3 +84,30 @@ def test_timing_is_a_no_op_where_no_core_is_kept(monkeypatch):
     before = os.sched_getaffinity(0)
     with cores.timing([os.getpid()], [threading.get_native_id()]):
         assert os.sched_getaffinity(0) == before
+
+
+def test_the_first_cores_handed_out_lie_on_different_physical_cores(monkeypatch):
+    monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu % 8, cpu % 8 + 8}))
+    assert cores.by_physical_core({6, 7, 14, 15}) == [6, 7, 14, 15]
+    monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu - cpu % 2, cpu - cpu % 2 + 1}))
+    assert cores.by_physical_core({12, 13, 14, 15}) == [12, 14, 13, 15]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand out")
+def test_on_cuda_each_process_of_a_window_gets_a_core_of_its_own(monkeypatch):
+    kept = sorted(os.sched_getaffinity(0))[:2]
+    monkeypatch.setattr(cores, "kept_cores", lambda: set(kept))
+    monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu}))
+    children = [subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+                                 stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    try:
+        for child in children:
+            child.stdout.readline()
+        with cores.timing([c.pid for c in children], one_core_each=True):
+            assert [_affinity(c.pid) for c in children] == [{kept[0]}, {kept[1]}, {kept[0]}]
+        with cores.timing([c.pid for c in children]):
+            assert all(_affinity(c.pid) == set(kept) for c in children)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

@@ -43,3 +43,36 @@ def test_in_a_log_items_are_lines_and_a_summary_comes_every_period_and_at_the_en
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[0] == "shards: 0/10 (0%), 0s elapsed"
     assert lines[1].startswith("shards: 1/10 (10%), 0s elapsed, ") and lines[1].endswith(" left")
+
+
+def _clock(monkeypatch, start: float = 1000.0):
+    """A settable monotonic clock for hpc.progress."""
+    now = [start]
+    monkeypatch.setattr("hpc.progress.time.monotonic", lambda: now[0])
+    return now
+
+
+def test_items_done_before_a_resume_count_as_done_but_not_in_the_rate(monkeypatch):
+    now = _clock(monkeypatch)
+    out = io.StringIO()
+    p = Progress(100, "train", out, every_s=3600)
+    now[0] += 0.001
+    p.skip(98, "resumed after step 98")   # a resume with almost nothing left: was 1.26e9/min
+    assert "/min" not in p.status()       # nothing measured in this run yet
+    now[0] += 30.0
+    p.advance("step 99")
+    status = p.status()
+    assert "99/100" in status and "2.00/min" in status and "~30s left" in status
+
+
+def test_time_left_is_summed_from_each_remaining_items_kind(monkeypatch):
+    now = _clock(monkeypatch)
+    p = Progress(6, "train", io.StringIO(), every_s=3600, kinds=["sft"] * 4 + ["ppo"] * 2)
+    for _ in range(2):
+        now[0] += 1.0
+        p.advance()
+    assert p.status().endswith("~2s left + 2 ppo not yet timed")   # the ppo steps are not guessed from sft
+    for _ in range(3):
+        now[0] += 1.0 if p.done < 4 else 40.0
+        p.advance()
+    assert p.status().endswith("~40s left")                         # was ~3 s left with ~80 s to go

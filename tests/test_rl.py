@@ -135,6 +135,8 @@ def test_kl_estimators_entropy_and_explained_variance():
     mask = torch.ones(1, 4)
     assert explained_variance(r, r, mask) == pytest.approx(1.0)
     assert explained_variance(torch.full_like(r, 2.5), r, mask) == pytest.approx(0.0, abs=1e-6)
+    same = torch.full_like(r, 3.0) + torch.randn_like(r) * 1e-7   # every sample paid alike, rounding left
+    assert math.isnan(explained_variance(torch.zeros_like(r), same, mask))
 
 
 def test_rl_config_defaults_are_the_papers_and_errors_name_the_key(tmp_path):

@@ -140,9 +140,10 @@ def test_the_embedded_default_raises_the_mean_reward(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     steps = {r["stage"]: r for r in read_steps(tmp_path / "run" / "train.h5") if r["stage"].startswith("measure")}
     before, after = steps["measure_before"], steps["measure_after"]
-    # Seeded; measured here: -0.25 -> 0.62 (pass rate 19% -> 41%) over 32 samples each.
-    assert after["reward_mean"] >= before["reward_mean"] + 0.5, (before, after)
-    assert after["pass_rate"] >= before["pass_rate"] + 0.1, (before, after)
+    # Seeded, paid for correctness alone (no timing in the pay); measured here: -0.625 -> -0.125
+    # (pass rate 19% -> 44%) over 32 samples each; seeds 0-2: +0.50 to +0.62 (docs/benchmarks.md).
+    assert after["reward_mean"] >= before["reward_mean"] + 0.4, (before, after)
+    assert after["pass_rate"] >= before["pass_rate"] + 0.2, (before, after)
     assert "measure_after: mean reward" in out.stdout
     trajectories = read_trajectories(tmp_path / "run" / "train.h5", step=after["step"])
     assert len(trajectories) == after["samples"]

@@ -114,3 +114,25 @@ def test_unknown_library_in_the_policy_is_a_config_error(tmp_path):
     path.write_text("policy:\n  libraries: [cublas, magic]\n")
     with pytest.raises(UserError, match=r"policy\.libraries"):
         load_config(path)
+
+
+def test_the_correctness_reward_pays_one_for_correct_and_needs_no_timing():
+    cfg = RewardConfig(kind="correctness")
+    assert compute_reward(True, math.nan, math.nan, cfg) == 1.0
+    assert compute_reward(False, 3.0, 3.0, cfg) == -1.0
+
+
+def test_an_evaluation_under_the_correctness_reward_stops_after_correctness(fast_config):
+    """Nothing timed: no baselines, no window; a correct candidate is paid 1 whatever its speed."""
+    import json
+
+    from hpc.candidate import load_candidate
+    from hpc.pipeline import evaluate
+    from hpc.task import load_task
+    from tests.conftest import RELU_TASK, TESTS
+
+    fast_config.reward.kind = "correctness"
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert rec.status == "ok" and rec.correct and rec.reward == 1.0 and rec.reward_kind == "correctness"
+    assert math.isnan(rec.candidate_ms) and math.isnan(rec.eager_ms)
+    assert "timing" not in json.loads(rec.stage_seconds) and "baseline" not in json.loads(rec.stage_seconds)

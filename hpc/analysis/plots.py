@@ -112,77 +112,115 @@ def plot_failures(summaries: list[RunSummary], path: Path) -> Path:
     return _save(fig, path)
 
 
-# (title, the panel's series: solid, dashed, dotted); the first panel adds pass_rate on a right axis
+# The panels of training.png: (title, the series drawn: solid, dashed, dotted, which steps (the
+# x axis), the y limits or None). The supervised stages are drawn against their own steps, the RL
+# stages against RL steps only: 18 RL steps after 400 SFT ones get a panel's whole width.
+SFT, VALUE, RL = "sft steps", "value pretraining steps", "RL steps"
 TRAINING_PANELS = (
-    ("mean reward, pass rate", ("reward_mean",)),
-    ("faster than torch.compile / eager", ("faster_than_compile_rate", "faster_than_eager_rate")),
-    ("KL to reference", ("kl_to_reference",)),
-    ("entropy", ("entropy",)),
-    ("clip fraction", ("clip_fraction",)),
-    ("explained variance", ("explained_variance",)),
-    ("mean response length (tokens)", ("response_length_mean",)),
-    ("tokens per second", ("tokens_per_second",)),
-    ("seconds per step", ("generation_s", "reward_s", "update_s")),
+    ("SFT loss", ("sft_loss",), SFT, None),
+    ("value pretraining: value loss", ("value_loss",), VALUE, None),
+    ("mean reward (band: ± its standard error over the step's samples)", ("reward_mean",), RL, None),
+    ("pass rate (band: ± its standard error)", ("pass_rate",), RL, (0.0, 1.02)),
+    ("faster than torch.compile / eager", ("faster_than_compile_rate", "faster_than_eager_rate"), RL, (0.0, 1.02)),
+    ("KL to reference", ("kl_to_reference",), RL, None),
+    ("clip fraction", ("clip_fraction",), RL, None),
+    ("explained variance (clipped to ±1)", ("explained_variance",), RL, (-1.05, 1.05)),
+    ("entropy", ("entropy",), RL, None),
+    ("mean response length (tokens)", ("response_length_mean",), RL, None),
+    ("value loss (RL)", ("value_loss",), RL, None),
+    ("seconds per step", ("generation_s", "reward_s", "update_s"), RL, None),
 )
 STYLES = ("-", "--", ":")
+BANDS = {"reward_mean": lambda r: r["reward_std"] / math.sqrt(max(r["samples"], 1)),
+         "pass_rate": lambda r: math.sqrt(max(r["pass_rate"] * (1 - r["pass_rate"]), 0.0) / max(r["samples"], 1))}
 
 
-def _curve(ax, segments: list[tuple[str, list[dict]]], key: str, color: str, style: str) -> bool:
-    """One run's series against the step, a line per stage (no line across a stage change); False
-    (nothing drawn) when the run never measured it. NaN gaps within a stage break the line too."""
+def _band(key: str, row: dict) -> float:
+    half = BANDS[key](row)
+    return half if math.isfinite(half) else 0.0
+
+
+def _finite(row: dict, key: str) -> bool:
+    return isinstance(row.get(key), (int, float)) and math.isfinite(row[key])
+
+
+def _axis_rows(steps: list[dict], axis: str) -> list[dict]:
+    """The rows drawn against `axis`, each with its position on it in "x": SFT steps (an sft loss),
+    value pretraining steps (a value loss and no reward), RL steps (a reward)."""
+    keep = {SFT: lambda r: _finite(r, "sft_loss"),
+            VALUE: lambda r: _finite(r, "value_loss") and not _finite(r, "reward_mean"),
+            RL: lambda r: _finite(r, "reward_mean")}[axis]
+    return [{**r, "x": k + 1} for k, r in enumerate(r for r in steps if keep(r))]
+
+
+def _curve(ax, rows: list[dict], key: str, color: str, style: str, limits: tuple | None) -> bool:
+    """One run's series on its axis, a line per stage (no line across a stage change), with a band
+    where BANDS has one; values beyond `limits` drawn at the limit as triangles. False (nothing
+    drawn) when the run never measured it."""
     drawn = False
-    for _, rows in segments:
-        ys = [r[key] for r in rows]
-        finite = sum(math.isfinite(y) for y in ys)
-        if finite:
-            ax.plot([r["step"] for r in rows], ys, style, color=color, lw=1.2, marker="." if finite <= 30 else None,
-                    ms=4)
-            drawn = True
+    for _, seg in stage_segments(rows):
+        pts = [(r["x"], r[key], r) for r in seg if _finite(r, key)]
+        if not pts:
+            continue
+        xs = [x for x, _, _ in pts]
+        ys = [y if limits is None else min(max(y, limits[0]), limits[1]) for _, y, _ in pts]
+        ax.plot(xs, ys, style, color=color, lw=1.2, marker="." if len(pts) <= 30 else None, ms=4)
+        if limits is not None:
+            out = [(x, y) for (x, raw, _), y in zip(pts, ys) if raw != y]
+            if out:
+                ax.plot([x for x, _ in out], [y for _, y in out], "v", color=color, ms=5, ls="none")
+        if key in BANDS and style == "-":
+            half = [_band(key, r) for _, _, r in pts]
+            ax.fill_between(xs, [y - h for y, h in zip(ys, half)], [y + h for y, h in zip(ys, half)],
+                            color=color, alpha=0.15, lw=0)
+        drawn = True
     return drawn
 
 
-def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
-    """Training curves against the global step, one colour per run, a small panel per metric; dotted
-    verticals mark where a stage begins (named along the top row); a metric never measured is not drawn."""
-    fig = Figure(figsize=(14, 10))
-    axes = fig.subplots(3, 3, sharex=True).flatten()
-    segments = [stage_segments(steps) for _, steps in runs]
-    starts: dict[float, list[str]] = {}      # where a stage begins -> the stages beginning there (of any run)
-    for run in segments:
-        for stage, rows in run:
-            names = starts.setdefault(rows[0]["step"] - 0.5, [])
+def _stage_marks(ax, runs_rows: list[list[dict]], keys: tuple[str, ...], label: bool) -> None:
+    """A dotted vertical where each stage after the first begins on this axis; every stage's name
+    along the top, staggered."""
+    starts: dict[float, list[str]] = {}
+    for rows in runs_rows:
+        for stage, seg in stage_segments([r for r in rows if any(_finite(r, key) for key in keys)]):
+            names = starts.setdefault(seg[0]["x"] - 0.5, [])
             if stage not in names:
                 names.append(stage)
-    for i, (ax, (title, keys)) in enumerate(zip(axes, TRAINING_PANELS)):
-        drawn: dict[str, str] = {}      # series some run measured -> its line style
-        for k, run in enumerate(segments):
-            for key, style in zip(keys, STYLES):
-                if _curve(ax, run, key, f"C{k % 10}", style):
-                    drawn[key] = style
-        if i == 0:   # the pass rate beside the reward, on its own 0..1 axis
-            twin = ax.twinx()
-            for k, run in enumerate(segments):
-                if _curve(twin, run, "pass_rate", f"C{k % 10}", "--"):
-                    drawn["pass_rate"] = "--"
-            if "pass_rate" in drawn:
-                twin.set_ylim(0, 1.02)
-            else:
-                twin.set_axis_off()
-        for x, names in starts.items():
+    for k, (x, names) in enumerate(sorted(starts.items())):
+        if k:
             ax.axvline(x, color="black", lw=0.6, ls=":")
-            if i < 3:
-                ax.text(x, 0.98, " / ".join(names), transform=ax.get_xaxis_transform(), rotation=90, va="top",
-                        ha="right", fontsize="x-small", bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 1})
+        if label:
+            ax.text(x, 0.97 - 0.09 * (k % 3), " " + " / ".join(names), transform=ax.get_xaxis_transform(),
+                    va="top", ha="left", fontsize="x-small",
+                    bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 1})
+
+
+def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
+    """Training curves, one colour per run, a small panel per metric: the supervised losses against
+    their own steps, everything measured on sampled episodes against RL steps only; dotted verticals
+    mark where a stage begins. A metric never measured says so."""
+    fig = Figure(figsize=(15, 12))
+    axes = fig.subplots(4, 3).flatten()
+    first_rl = next(i for i, panel in enumerate(TRAINING_PANELS) if panel[2] == RL)
+    for i, (ax, (title, keys, axis, limits)) in enumerate(zip(axes, TRAINING_PANELS)):
+        runs_rows = [_axis_rows(steps, axis) for _, steps in runs]
+        drawn: dict[str, str] = {}      # series some run measured -> its line style
+        for k, rows in enumerate(runs_rows):
+            for key, style in zip(keys, STYLES):
+                if _curve(ax, rows, key, f"C{k % 10}", style, limits):
+                    drawn[key] = style
+        _stage_marks(ax, runs_rows, keys, label=i < first_rl + 3)
         ax.set_title(title, fontsize="medium")
+        ax.set_xlabel(axis, fontsize="small")
         ax.grid(alpha=0.3)
+        if limits is not None:
+            ax.set_ylim(*limits)
         if not drawn:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="gray")
-        elif i == 0 or len(keys) > 1:
+        elif len(keys) > 1:
             ax.legend([Line2D([], [], color="gray", ls=style) for style in drawn.values()], list(drawn),
-                      fontsize="x-small")
-        if i >= 6:
-            ax.set_xlabel("step")
+                      fontsize="x-small", loc="lower right")
     fig.legend([Line2D([], [], color=f"C{k % 10}") for k in range(len(runs))], [label for label, _ in runs],
                loc="upper center", ncol=min(len(runs), 6), fontsize="small")
-    fig.subplots_adjust(top=0.93, hspace=0.3)
+    fig.subplots_adjust(top=0.94, hspace=0.45, wspace=0.22)
     return _save(fig, path)

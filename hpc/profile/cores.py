@@ -7,8 +7,9 @@ timed program wants, but not from sharing a physical core (its hyperthread sibli
 and memory bandwidth with it. So on a host with 8 or more usable cores about a quarter of them
 (whole physical cores, at least 2) is kept: every compile is pinned to the others, and while a
 window is timed its processes (both pairs: the references that drive the calls, the candidate's
-and the baselines' programs) are pinned to the kept ones, then put back. What is timed then runs
-on the same quiet cores whichever evaluation it belongs to. Below 8 cores nothing is kept: a
+and the baselines' programs) are pinned to the kept ones, on cuda each to a core of its own, then
+put back. What is timed then runs on the same quiet cores whichever evaluation it belongs to, and
+a process does not move between cores in the middle of its calls. Below 8 cores nothing is kept: a
 quarter of 2 or 4 cores would leave the timed programs too few.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 MIN_CORES = 8
 
@@ -47,6 +48,17 @@ def kept_cores(cores: Iterable[int] | None = None) -> set[int]:
             break
         kept |= _siblings(cpu) & cores
     return kept if len(kept) < len(cores) else set()
+
+
+def by_physical_core(cores: Iterable[int]) -> list[int]:
+    """`cores` ordered so that the first ones lie on different physical cores: one thread of each
+    physical core, then the second of each, and so on."""
+    cores = set(cores)
+    groups = sorted({frozenset(_siblings(c) & cores) for c in cores}, key=min)
+    out: list[int] = []
+    for rank in range(max((len(g) for g in groups), default=0)):
+        out += [sorted(g)[rank] for g in groups if rank < len(g)]
+    return out
 
 
 def compile_cores(cores: Iterable[int] | None = None) -> set[int]:
@@ -91,33 +103,38 @@ def compiling() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def timing(pids: Iterable[int], threads: Iterable[int] = ()) -> Iterator[None]:
+def timing(pids: Sequence[int], threads: Iterable[int] = (), one_core_each: bool = False) -> Iterator[None]:
     """Every thread of the processes `pids`, and the `threads` of this one, on the kept cores for
     the block (a window); each put back where it was after (a thread started meanwhile goes where
-    its process's first was)."""
-    kept = kept_cores()
+    its process's first was). `one_core_each`: each process on a kept core of its own, in turn, the
+    first ones on different physical cores (list the programs first: then no program shares a
+    physical core with another program's spinning serve loop). A GPU program's host path, timed in
+    every call, moved 26% between fresh processes left to the scheduler and 1.3% between processes
+    held on one core (docs/benchmarks.md). Otherwise all share the kept cores (a CPU program's
+    threads need more than one)."""
+    kept = by_physical_core(kept_cores())
     if not kept:
         yield
         return
     own = {tid: os.sched_getaffinity(tid) for tid in threads}
-    _pin(own, kept)
+    _pin(own, set(kept))
     saved: dict[int, dict[int, set[int]]] = {}
-    for pid in pids:
+    for k, pid in enumerate(pids):
         saved[pid] = {}
         for tid in _threads(pid):
             try:
                 saved[pid][tid] = os.sched_getaffinity(tid)
             except OSError:
                 continue
-        _pin(saved[pid], kept)
+        _pin(saved[pid], {kept[k % len(kept)]} if one_core_each else set(kept))
     try:
         yield
     finally:
-        for pid, threads in saved.items():
-            if not threads:
+        for pid, before in saved.items():
+            if not before:
                 continue
-            first = threads[min(threads)]
+            first = before[min(before)]
             for tid in _threads(pid):
-                _pin([tid], threads.get(tid, first))
-        for tid, before in own.items():
-            _pin([tid], before)
+                _pin([tid], before.get(tid, first))
+        for tid, cores in own.items():
+            _pin([tid], cores)

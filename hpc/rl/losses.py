@@ -68,10 +68,14 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the mask: 1 is a perfect critic, 0 no better than a constant."""
+    """1 - Var(R - V) / Var(R) over the mask: 1 is a perfect critic, 0 no better than a constant.
+    Undefined (nan) where the returns do not vary: a batch whose samples were all paid alike has a
+    Var(R) of rounding error only, and dividing by it gave figures like -3.2e9."""
     live = mask.bool()
-    r, v = returns[live].float(), values[live].float()
+    r, v = returns[live].double(), values[live].double()
     if r.numel() < 2:
         return float("nan")
     var = r.var()
-    return float(1.0 - (r - v).var() / var) if var > 0 else float("nan")
+    if var <= 1e-6 * max(1.0, float(r.abs().mean()) ** 2):
+        return float("nan")
+    return float(1.0 - (r - v).var() / var)

@@ -499,8 +499,11 @@ class Trainer:
             "reward_mean": statistics.fmean(rewards),
             "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "pass_rate": statistics.fmean(o["correct"] for o in everything),
-            "faster_than_eager_rate": statistics.fmean(o["faster_eager"] for o in everything),
-            "faster_than_compile_rate": statistics.fmean(o["faster_compile"] for o in everything),
+            # nothing is timed under the correctness reward: no rate, rather than a rate of 0
+            "faster_than_eager_rate": (statistics.fmean(o["faster_eager"] for o in everything)
+                                       if cfg.eval.reward.kind != "correctness" else math.nan),
+            "faster_than_compile_rate": (statistics.fmean(o["faster_compile"] for o in everything)
+                                         if cfg.eval.reward.kind != "correctness" else math.nan),
             "response_length_mean": statistics.fmean(o["generated"] for o in everything),
             "response_clipped_ratio": sum(o["clipped"] for o in everything) / max(1, sum(o["replies"] for o in everything)),
             "malformed_rate": statistics.fmean(o["malformed"] for o in everything),

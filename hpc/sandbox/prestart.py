@@ -46,11 +46,6 @@ class WorkerPair:
     def candidate_dir(self) -> Path:
         return self.workroot / "candidate"
 
-    @property
-    def pids(self) -> list[int]:
-        """Both processes' host pids (a window pins them: hpc.profile.cores.timing)."""
-        return [self.reference.worker_pid, self.program.worker_pid]
-
     def kill(self) -> None:
         self.reference.kill()
         self.program.kill()
@@ -61,6 +56,12 @@ class WorkerPair:
         self.program.close()
         self.exchange.close()
         shutil.rmtree(self.workroot, ignore_errors=True)
+
+
+def programs_first(*pairs: WorkerPair) -> list[int]:
+    """The pairs' host pids, their programs' first, then their references' (as
+    hpc.profile.cores.timing wants them)."""
+    return [p.program.worker_pid for p in pairs] + [p.reference.worker_pid for p in pairs]
 
 
 def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None,
