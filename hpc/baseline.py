@@ -15,7 +15,6 @@ import json
 import os
 import random
 import secrets
-import threading
 from pathlib import Path
 
 from hpc.config import EvalConfig
@@ -120,8 +119,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             fresh.close()
     driver = PairDriver(pair, cfg)
     load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
-    with lock.exclusive(), timing(programs_first(pair), [threading.get_native_id()],
-                                  one_core_each=cfg.backend == "cuda"):
+    with lock.exclusive(), timing(programs_first(pair), one_core_each=cfg.backend == "cuda"):
         measured = conditions(cfg.backend, lock.beside())
         window = run_window(baseline_entrants(driver, cfg, [program]), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:

@@ -18,7 +18,6 @@ import os
 import random
 import secrets
 import tempfile
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -265,7 +264,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs)]
         try:
-            with lock.exclusive(), timing(programs_first(pair, baselines.result()), [threading.get_native_id()],
+            with lock.exclusive(), timing(programs_first(pair, baselines.result()),
                                                one_core_each=cfg.backend == "cuda"):
                 measured = conditions(cfg.backend, lock.beside())
                 window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())

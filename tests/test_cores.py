@@ -69,7 +69,7 @@ def test_a_window_moves_its_processes_threads_to_the_kept_cores_and_back(monkeyp
         tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
         assert len(tids) == 2
         me = threading.get_native_id()
-        with cores.timing([child.pid], [me]):
+        with cores.timing([child.pid]):
             assert all(_affinity(t) == kept for t in tids)
             assert _affinity(me) == kept
         assert all(_affinity(t) == before for t in tids)
@@ -82,7 +82,7 @@ def test_a_window_moves_its_processes_threads_to_the_kept_cores_and_back(monkeyp
 def test_timing_is_a_no_op_where_no_core_is_kept(monkeypatch):
     monkeypatch.setattr(cores, "kept_cores", lambda: set())
     before = os.sched_getaffinity(0)
-    with cores.timing([os.getpid()], [threading.get_native_id()]):
+    with cores.timing([os.getpid()]):
         assert os.sched_getaffinity(0) == before
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import Iterable, Iterator, Sequence
 
 MIN_CORES = 8
@@ -103,9 +104,9 @@ def compiling() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def timing(pids: Sequence[int], threads: Iterable[int] = (), one_core_each: bool = False) -> Iterator[None]:
-    """Every thread of the processes `pids`, and the `threads` of this one, on the kept cores for
-    the block (a window); each put back where it was after (a thread started meanwhile goes where
+def timing(pids: Sequence[int], one_core_each: bool = False) -> Iterator[None]:
+    """Every thread of the processes `pids`, and the calling thread (the harness's side of the
+    window), on the kept cores for the block (a window); each put back where it was after (a thread started meanwhile goes where
     its process's first was). `one_core_each`: each process on a kept core of its own, in turn, the
     first ones on different physical cores (list the programs first: then no program shares a
     physical core with another program's spinning serve loop). A GPU program's host path, timed in
@@ -116,7 +117,7 @@ def timing(pids: Sequence[int], threads: Iterable[int] = (), one_core_each: bool
     if not kept:
         yield
         return
-    own = {tid: os.sched_getaffinity(tid) for tid in threads}
+    own = {tid: os.sched_getaffinity(tid) for tid in (threading.get_native_id(),)}
     _pin(own, set(kept))
     saved: dict[int, dict[int, set[int]]] = {}
     for k, pid in enumerate(pids):
