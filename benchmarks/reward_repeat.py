@@ -45,6 +45,8 @@ def one_run(args: argparse.Namespace, folder: Path, keep: Path, k: int) -> Path:
            "--backend", args.backend, "--jobs", str(args.jobs), "--iterations", str(args.iterations)]
     if args.scale:
         cmd += ["--scale", args.scale]
+    if args.config:
+        cmd += ["--config", str(args.config)]
     for only in args.only:
         cmd += ["--only", only]
     t0 = time.monotonic()
@@ -76,6 +78,7 @@ def main() -> int:
     p.add_argument("--keep", type=Path, default=None, help="keep each run's records (run-K.h5) in this folder")
     p.add_argument("--tables", type=Path, default=None, help="no runs: the tables of the run-K.h5 files here")
     p.add_argument("--iterations", type=int, default=100)
+    p.add_argument("--config", type=Path, default=None, help="evaluation config for every run (docs/config.md)")
     p.add_argument("--only", action="append", default=[])
     p.add_argument("--tasks", type=Path, default=ROOT / "kernels" / "tasks")
     p.add_argument("--solutions", type=Path, default=ROOT / "kernels" / "solutions")

@@ -49,30 +49,33 @@ def start_baseline_pair(cfg: EvalConfig) -> WorkerPair:
 
 
 def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_seed: int, lock: DeviceLock,
-                   programs: list[str]) -> None:
-    """Set the baselines' pair up for `task` and load `programs` in it (torch.compile compiles
-    here, holding the device shared, not inside the timed window). SandboxError when one fails."""
+                   programs: list[str], burst: int = 0) -> int:
+    """Set the baselines' pair up for `task`, with `burst` calls a timed frame (0: sized from its
+    reference's probe), and load `programs` in it (torch.compile compiles here, holding the device
+    shared, not inside the timed window). The burst; SandboxError when a step fails."""
     with lock.shared():
-        driver.setup(task, init_seed, probe_seed)
+        burst = driver.setup(task, init_seed, probe_seed, burst)["burst"]
         for program in programs:
             name, _, mode = program.partition(":")
             try:
                 driver.load({"program": name, "mode": mode or "default"})
             except SandboxError as e:
                 raise SandboxError(f"{program} could not be loaded: {e.reason}", "error") from None
+    return burst
 
 
-def baseline_entrants(driver, cfg: EvalConfig, programs: list[str]) -> list[Entrant]:
+def baseline_entrants(driver, cfg: EvalConfig, programs: list[str], burst: int) -> list[Entrant]:
     """The window's entrants from the baselines' pair: each program in `programs` with as many
-    calls as the candidate (inputs from seeds drawn here), and the empty program."""
+    frames of `burst` calls as the candidate (inputs from seeds drawn here), and the empty program."""
     rng = secrets.SystemRandom()
     t = cfg.timing
     out = []
     for program in programs:
-        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + t.iterations)], t.warmup, set())
-        out.append(Entrant(program, driver, program, calls[:t.warmup], calls[t.warmup:]))
-    empty = calibration_calls(t.calibration_calls)
-    out.append(Entrant(EMPTY, driver, EMPTY, empty[:CALIBRATION_WARMUP], empty[CALIBRATION_WARMUP:]))
+        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + t.iterations)], t.warmup, set(), burst)
+        out.append(Entrant(program, driver, program, calls[:t.warmup * burst], calls[t.warmup * burst:]))
+    empty = calibration_calls(t.calibration_calls, burst)
+    cut = CALIBRATION_WARMUP * burst
+    out.append(Entrant(EMPTY, driver, EMPTY, empty[:cut], empty[cut:]))
     return out
 
 
@@ -118,10 +121,10 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             fresh.kill()
             fresh.close()
     driver = PairDriver(pair, cfg)
-    load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
+    burst = load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
     with lock.exclusive(), timing(programs_first(pair), one_core_each=cfg.backend == "cuda"):
         measured = conditions(cfg.backend, lock.beside())
-        window = run_window(baseline_entrants(driver, cfg, [program]), cfg.timing.rounds, random.SystemRandom())
+        window = run_window(baseline_entrants(driver, cfg, [program], burst), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:
         raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", "error")
     overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])

@@ -31,7 +31,7 @@ class CorrectnessConfig:
     rtol_fp32: float = 1e-4
     atol_half: float = 1e-2               # fp16 and bf16
     rtol_half: float = 1e-2
-    timed_checks: int = 10                # timed calls whose outputs are copied out and checked (secret subset)
+    timed_checks: int = 10                # timed frames whose calls' outputs are all copied out and checked (secret)
 
 
 @dataclass
@@ -46,6 +46,9 @@ class TimingConfig:
     handshake: str = "auto"               # spin | block | auto (spin on cuda with 8+ cores, else block)
     batch_mb_cpu: int = 512               # inputs made ahead (and outputs copied out) per batch of calls
     batch_mb_cuda: int = 4096
+    frame_ms_cpu: float = 2.0             # a timed frame runs calls back to back for about this long (at the
+    frame_ms_cuda: float = 2.0            # reference's speed): the handshake is paid once a frame; 0: one call
+    burst_max: int = 64                   # the most calls in one frame
 
 
 @dataclass
@@ -149,11 +152,13 @@ class EvalConfig:
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
                     "timing.calibration_calls": self.timing.calibration_calls, "timing.rounds": self.timing.rounds,
                     "timing.batch_mb_cpu": self.timing.batch_mb_cpu, "timing.batch_mb_cuda": self.timing.batch_mb_cuda,
-                    "compile.timeout_s": self.compile.timeout_s, "compile.max_library_mb": self.compile.max_library_mb}
+                    "timing.burst_max": self.timing.burst_max, "compile.timeout_s": self.compile.timeout_s, "compile.max_library_mb": self.compile.max_library_mb}
         for key, value in positive.items():
             if value <= 0:
                 raise UserError(f"config {key}: must be > 0, got {value}")
         for key, value in {"timing.warmup": self.timing.warmup, "reward.margin": self.reward.margin,
+                           "timing.frame_ms_cpu": self.timing.frame_ms_cpu,
+                           "timing.frame_ms_cuda": self.timing.frame_ms_cuda,
                            "floor.bandwidth_gb_s_cuda": self.floor.bandwidth_gb_s_cuda,
                            "floor.tflops_cuda": self.floor.tflops_cuda, "floor.tflops_cpu": self.floor.tflops_cpu,
                            "floor.bandwidth_gb_s_cpu": self.floor.bandwidth_gb_s_cpu,

@@ -188,8 +188,9 @@ class Seeds:
     init: int
     probe: int
     trials: list[dict]
-    timing: list[int]
-    checked: list[int]        # timed calls (indexes among them) whose outputs are checked
+    timing: list[int]         # one per frame: its calls' seeds are made from it (hpc.profile.timing.call_seeds)
+    checked: list[int]        # timed frames (indexes among them) whose outputs are checked
+    burst: int = 1            # calls a timed frame runs (set once the task's reference has run)
 
     @classmethod
     def draw(cls, cfg: EvalConfig) -> Seeds:
@@ -210,7 +211,7 @@ class Seeds:
     def to_json(self) -> str:
         """What the record keeps (written after the evaluation, when no worker is alive)."""
         return json.dumps({"init": self.init, "trials": [{**t, "index": k} for k, t in enumerate(self.trials)],
-                           "timing": self.timing, "timed_checks": self.checked})
+                           "timing": self.timing, "timed_checks": self.checked, "burst": self.burst})
 
 
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
@@ -227,7 +228,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         guard = {"op_monitor": str(monitor), "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
                                                           "require_custom_kernel": cfg.policy.require_custom_kernel}}
         with lock.shared():
-            driver.setup(task, seeds.init, seeds.probe)
+            seeds.burst = driver.setup(task, seeds.init, seeds.probe)["burst"]
+            rec.seeds = seeds.to_json()
             driver.load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
         rec.compiled = True
         clock.mark("load")
@@ -253,16 +255,16 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         programs = baseline_programs(cfg)
         try:
             baseline_driver = PairDriver(baselines.result(), cfg)
-            load_baselines(baseline_driver, task, cfg, seeds.init, seeds.probe, lock, programs)
+            load_baselines(baseline_driver, task, cfg, seeds.init, seeds.probe, lock, programs, seeds.burst)
         except SandboxError as e:
             rec.fail("baseline", f"baseline failed: {e.reason}", "error")
             return False
         clock.mark("baseline")
         stage = "timing"
-        calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked))
-        warmup = cfg.timing.warmup
+        calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked), seeds.burst)
+        warmup = cfg.timing.warmup * seeds.burst
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
-                    *baseline_entrants(baseline_driver, cfg, programs)]
+                    *baseline_entrants(baseline_driver, cfg, programs, seeds.burst)]
         try:
             with lock.exclusive(), timing(programs_first(pair, baselines.result()),
                                                one_core_each=cfg.backend == "cuda"):

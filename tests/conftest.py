@@ -56,6 +56,7 @@ def make_fast_config(cache_dir: Path, backend: str = "cpu"):
     cfg.timing.warmup = 2
     cfg.timing.iterations = 20
     cfg.timing.calibration_calls = 15
+    cfg.timing.burst_max = 4          # frames of calls still, fewer inputs to make
     cfg.correctness.timed_checks = 3
     cfg.sandbox.timeout_s = 180
     cfg.validate()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hpc.sandbox.exchange import (HEADER_BYTES, MAX_OUTPUTS, STOP, CallTimeout, Exchange, InputLayout,
+from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, STOP, CallTimeout, Exchange, InputLayout,
                                   OutputDescriptor, ProgramGone, TensorSpec, packed, read_failure, read_frame,
                                   read_outputs, read_process_memory, send_frame, write_failure, write_outputs)
 
@@ -33,7 +33,7 @@ def test_output_descriptors_round_trip(header):
 
 
 @pytest.mark.parametrize("corrupt, words", [
-    (lambda h: struct.pack_into("<II", h, 0, MAX_OUTPUTS + 1, 0), "claims"),
+    (lambda h: struct.pack_into("<II", h, 0, MAX_DESCRIPTORS + 1, 0), "claims"),
     (lambda h: struct.pack_into("<B", h, 64, 200), "malformed"),     # a dtype code past the table
     (lambda h: struct.pack_into("<B", h, 65, 9), "malformed"),       # more dimensions than a descriptor holds
     (lambda h: struct.pack_into("<q", h, 72, -5), "negative"),       # a negative extent
@@ -63,13 +63,13 @@ def test_the_layout_packs_tensors_aligned_and_keeps_constants():
 def test_frames_time_out_and_end_when_the_writer_is_gone():
     r, w = os.pipe()
     try:
-        send_frame(w, 7, 1)
-        assert read_frame(r, time.monotonic() + 1, spin=False) == (7, 1)
+        send_frame(w, 7, 1, calls=16)
+        assert read_frame(r, time.monotonic() + 1, spin=False) == (7, 1, 16)
         with pytest.raises(CallTimeout):
             read_frame(r, time.monotonic() + 0.05, spin=False)
         os.set_blocking(r, False)
         send_frame(w, STOP, 0)
-        assert read_frame(r, math.inf, spin=True) == (STOP, 0)
+        assert read_frame(r, math.inf, spin=True) == (STOP, 0, 1)
     finally:
         os.close(w)
     with pytest.raises(ProgramGone):
@@ -125,3 +125,20 @@ def test_an_output_of_the_wrong_structure_is_refused():
                             ([OutputDescriptor("float64", (4, 2), 0)], "dtype")):
         with pytest.raises(ValueError, match=message):
             validated_outputs(claims, expected)
+
+
+def test_a_frames_outputs_are_read_per_call_and_must_cover_every_call(header):
+    from hpc.sandbox.exchange import MAX_DESCRIPTORS, validated_outputs
+
+    expected = [TensorSpec("float32", (4,)), TensorSpec("int64", (2,))]
+    frame = [OutputDescriptor(e.dtype, e.shape, 1000 * k + j) for k in range(3) for j, e in enumerate(expected)]
+    assert [c.address for c in validated_outputs(frame, expected, calls=3, position=2)] == [2000, 2001]
+    with pytest.raises(ValueError, match="5 outputs for 3 calls"):
+        validated_outputs(frame[:5], expected, calls=3, position=0)
+    swapped = frame[:2] + frame[3:4] + frame[2:3] + frame[4:]
+    with pytest.raises(ValueError, match="output 0 has shape"):
+        validated_outputs(swapped, expected, calls=3, position=1)
+    write_outputs(header, [OutputDescriptor("float32", (1,), k) for k in range(MAX_DESCRIPTORS)])
+    assert len(read_outputs(header)) == MAX_DESCRIPTORS >= 256
+    with pytest.raises(ValueError, match="at most"):
+        write_outputs(header, [OutputDescriptor("float32", (1,), 0)] * (MAX_DESCRIPTORS + 1))

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from hpc.profile.timing import Call, Failure, LoopResult
+from hpc.profile.timing import Call, Failure, LoopResult, timing_calls
 from hpc.profile.window import Entrant, EntrantError, chunks, handshake_ns, run_window
 from hpc.sandbox.process import SandboxError
 
@@ -42,6 +42,14 @@ def test_chunks_cut_calls_in_order_into_rounds_differing_by_at_most_one():
     calls = [Call(k) for k in range(23)]
     parts = chunks(calls, 5)
     assert [len(p) for p in parts] == [5, 5, 5, 4, 4]
+    assert [c for p in parts for c in p] == calls
+
+
+def test_chunks_never_split_a_frame():
+    calls = timing_calls(list(range(7)), 0, set(), burst=3)    # 7 frames of 3 calls
+    parts = chunks(calls, 3)
+    assert [len(p) for p in parts] == [9, 6, 6]
+    assert all(not p[0].follows for p in parts)
     assert [c for p in parts for c in p] == calls
 
 
@@ -117,3 +125,33 @@ def test_the_candidates_processes_are_stopped_while_every_other_entrant_runs(tmp
     finally:
         program.kill()
         program.wait()
+
+
+def test_a_frame_lasts_about_frame_ms_in_a_power_of_two_of_calls_within_its_limits():
+    from hpc.config import load_config
+    from hpc.profile.driver import burst_for
+    from hpc.sandbox.exchange import MAX_DESCRIPTORS
+
+    cfg = load_config(backend="cuda")
+    cfg.timing.frame_ms_cuda, cfg.timing.burst_max = 2.0, 64
+    assert burst_for(cfg, 0.13, 1 << 20, 1) == 16          # 16 x 0.13 ms: the first past 2 ms
+    assert burst_for(cfg, 3.0, 1 << 20, 1) == 1            # a call longer than a frame: one a frame
+    assert burst_for(cfg, 1e-4, 1 << 20, 1) == 64          # burst_max
+    assert burst_for(cfg, 1e-4, 1 << 30, 1) == 4           # 4096 MiB of inputs and outputs at most
+    assert burst_for(cfg, 1e-4, 1, MAX_DESCRIPTORS // 5) == 4   # the header describes every output
+    cfg.timing.frame_ms_cuda = 0.0
+    assert burst_for(cfg, 1e-4, 1, 1) == 1
+
+
+def test_a_frames_call_seeds_are_its_own_then_ones_no_other_frame_shares():
+    from hpc.profile.timing import call_seeds, frames
+
+    a, b = call_seeds(11, 8), call_seeds(12, 8)
+    assert a[0] == 11 and len(set(a)) == 8 and not set(a) & set(b)
+    assert call_seeds(11, 8) == a and all(0 <= s < 1 << 62 for s in a)
+    calls = timing_calls([11, 12, 13], 1, {1}, burst=8)
+    assert frames(calls) == [(0, 8), (8, 16), (16, 24)]
+    assert [c.seed for c in calls[8:16]] == call_seeds(12, 8)
+    assert [c.timed for c in calls[::8]] == [False, True, True]
+    assert [c.checked for c in calls] == [False] * 16 + [True] * 8    # every call of timed frame 1
+    assert Call.from_message(calls[9].to_message()) == calls[9]

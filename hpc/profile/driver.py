@@ -19,8 +19,8 @@ import torch
 
 from hpc.config import EvalConfig
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
-from hpc.sandbox.exchange import (HEADER_BYTES, InputLayout, TensorSpec, align, map_fd, read_failure,
-                                  read_outputs, read_process_memory, validated_outputs)
+from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, map_fd,
+                                  read_failure, read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
@@ -35,11 +35,27 @@ def spinning(cfg: EvalConfig) -> bool:
     return cfg.backend == "cuda" and len(os.sched_getaffinity(0)) >= 8
 
 
-def most_calls(cfg: EvalConfig) -> int:
+def most_calls(cfg: EvalConfig, burst: int) -> int:
     """The longest run of calls an evaluation makes (a batch of inputs never needs to be larger)."""
     t = cfg.timing
-    return max(t.warmup + t.iterations, t.calibration_calls + CALIBRATION_WARMUP,
+    return max((t.warmup + t.iterations) * burst, (t.calibration_calls + CALIBRATION_WARMUP) * burst,
                cfg.correctness.trials + len(cfg.correctness.distributions))
+
+
+def burst_for(cfg: EvalConfig, probe_ms: float, per_call_bytes: int, outputs: int) -> int:
+    """How many calls a timed frame runs back to back: enough that the frame lasts
+    `timing.frame_ms` at the reference's own speed (`probe_ms`), so that the handshake, paid once a
+    frame, is small beside it; a power of two (a program a little faster or slower keeps the same
+    frames); at most `timing.burst_max`, what the memory budget holds, and what the header
+    describes."""
+    t = cfg.timing
+    frame_ms = t.frame_ms_cuda if cfg.backend == "cuda" else t.frame_ms_cpu
+    budget = (t.batch_mb_cuda if cfg.backend == "cuda" else t.batch_mb_cpu) << 20
+    most = min(t.burst_max, max(1, budget // max(per_call_bytes, 1)), MAX_DESCRIPTORS // max(outputs, 1))
+    burst = 1
+    while burst * 2 <= most and burst * probe_ms < frame_ms:
+        burst *= 2
+    return burst
 
 
 class PairDriver:
@@ -50,9 +66,11 @@ class PairDriver:
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
 
-    def setup(self, task: Task, init_seed: int, probe_seed: int) -> dict:
-        """Lay out the task's inputs and outputs (reference), share the slot, map it in the program.
-        SandboxError (kind "task" for the task's own failures) when a step fails."""
+    def setup(self, task: Task, init_seed: int, probe_seed: int, burst: int = 0) -> dict:
+        """Lay out the task's inputs and outputs (reference), share the slot, map it in the program;
+        `burst` calls a timed frame (0: sized from the reference's probe, hpc.profile.driver.burst_for).
+        {"layout", "outputs", "burst"}; SandboxError (kind "task" for the task's own failures) when a
+        step fails."""
         cfg, ex = self.cfg, self.pair.exchange
         ref, prog = self.pair.reference, self.pair.program
         common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
@@ -64,11 +82,12 @@ class PairDriver:
         flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
         budget = (t.batch_mb_cuda if cfg.backend == "cuda" else t.batch_mb_cpu) << 20
         per_call = align(layout.slot_bytes) + align(int(laid["output_bytes"]))
-        batch = max(1, min(most_calls(cfg), budget // max(per_call, 1)))
+        burst = burst or burst_for(cfg, float(laid["probe_ms"]), per_call, len(outputs))
+        batch = max(burst, min(most_calls(cfg, burst), budget // max(per_call, 1)))
         staging = batch * per_call if cfg.backend != "cuda" else 0
-        os.ftruncate(ex.slot, layout.slot_bytes if cfg.backend != "cuda" else 0)
+        os.ftruncate(ex.slot, burst * layout.stride if cfg.backend != "cuda" else 0)
         os.ftruncate(ex.staging, staging)
-        shared = {"layout": laid["layout"], "outputs": laid["outputs"], "spin": self.spin}
+        shared = {"layout": laid["layout"], "outputs": laid["outputs"], "spin": self.spin, "burst": burst}
         attached = ref.request({"op": "attach", **shared, "fds": ex.reference.to_message(),
                                 "correctness": asdict(cfg.correctness), "flush_bytes": flush, "batch_bytes": budget,
                                 "staging_bytes": staging, "per_call": per_call})
@@ -76,8 +95,8 @@ class PairDriver:
                       "task": str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
                       "slot_handle": attached.get("slot_handle", "")})
         if cfg.backend != "cuda":
-            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush)
-        return {"layout": layout, "outputs": outputs}
+            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, burst)
+        return {"layout": layout, "outputs": outputs, "burst": burst}
 
     def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
         """Run `calls` of `program` (one the program process holds; default: its candidate, or its
@@ -110,12 +129,12 @@ class _HostAgent:
     of the program's memory."""
 
     def __init__(self, pair: WorkerPair, layout: InputLayout, outputs: list[TensorSpec], per_call: int,
-                 batch: int, flush_bytes: int):
+                 batch: int, flush_bytes: int, burst: int):
         ex = pair.exchange
         self.ref, self.pid = pair.reference, pair.program.worker_pid
         self.layout, self.outputs, self.per_call, self.batch = layout, outputs, per_call, batch
         self.header = map_fd(ex.header, HEADER_BYTES)
-        self.slot_map = map_fd(ex.slot, layout.slot_bytes)
+        self.slot_map = map_fd(ex.slot, burst * layout.stride)
         self.staging_map = map_fd(ex.staging, batch * per_call)
         self.slot = memoryview(self.slot_map) if self.slot_map is not None else memoryview(b"")
         self.staging = memoryview(self.staging_map) if self.staging_map is not None else memoryview(b"")
@@ -132,26 +151,27 @@ class _HostAgent:
             return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}")
         return None
 
-    def publish(self, index: int) -> None:
-        n = self.layout.slot_bytes
-        self.slot[:n] = self.staging[index * self.per_call:index * self.per_call + n]
+    def publish(self, index: int, position: int) -> None:
+        n, at = self.layout.slot_bytes, position * self.layout.stride
+        self.slot[at:at + n] = self.staging[index * self.per_call:index * self.per_call + n]
 
     def flush(self) -> None:
         if self.flush_buffer is not None:
             self.flushes += 1
             ctypes.memset(self.flush_buffer, self.flushes & 0xFF, len(self.flush_buffer))
 
-    def capture(self, index: int, call: Call) -> Failure | None:
-        start = index * self.per_call
+    def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:
+        start, at = index * self.per_call, position * self.layout.stride
         if call.check_inputs:
             modified = modified_input(self.layout, lambda e: not torch.equal(
-                torch.frombuffer(self.slot, dtype=torch.uint8, count=e.nbytes, offset=e.offset),
+                torch.frombuffer(self.slot, dtype=torch.uint8, count=e.nbytes, offset=at + e.offset),
                 torch.frombuffer(self.staging, dtype=torch.uint8, count=e.nbytes, offset=start + e.offset)))
             if modified is not None:
                 return modified
         base = start + align(self.layout.slot_bytes)
         try:
-            for claim, o in zip(validated_outputs(read_outputs(self.header), self.outputs), self.outputs):
+            for claim, o in zip(validated_outputs(read_outputs(self.header), self.outputs, calls, position),
+                                self.outputs):
                 if o.nbytes:
                     read_process_memory(self.pid, claim.address, self.staging[base + o.offset:base + o.offset + o.nbytes])
         except (ValueError, OSError) as e:

@@ -2,22 +2,25 @@
 started and timed from outside the program's process.
 
 A driver outside the program (the harness on cpu; the reference worker on cuda, which owns the
-device memory involved) runs the calls. Per call:
+device memory involved) runs the calls, a frame of them at a time. A timed frame is a burst of
+calls run back to back (hpc.profile.window picks how many: enough that the handshake is small
+beside them), each on inputs of its own; a correctness call is a frame of its own. Per frame:
 
-1. the call's inputs, made by the reference worker from seeds the program never sees (a batch at a
-   time, in memory the program cannot map), are written into the program's input slot, and the
-   cache is flushed (a buffer larger than the last-level cache is rewritten: L2 on cuda, through
-   the copy engines, which leave the program's context on the SMs; the LLC on cpu);
-2. the driver reads its clock (t0) and sends the program a go frame;
-3. the program calls the model on the slot's inputs, synchronizes the device, describes its
-   outputs in the shared header and answers with a done frame;
+1. each call's inputs, made by the reference worker from seeds the program never sees (a batch at
+   a time, in memory the program cannot map), are written into the call's position of the
+   program's input slot, and the cache is flushed (a buffer larger than the last-level cache is
+   rewritten: L2 on cuda, through the copy engines, which leave the program's context on the SMs;
+   the LLC on cpu);
+2. the driver reads its clock (t0) and sends the program a go frame that says how many calls;
+3. the program calls the model on each position's inputs in turn, synchronizes the device once,
+   describes every call's outputs in the shared header and answers with a done frame;
 4. the driver reads its clock (t1) and, for a checked call, at once copies the outputs out of the
    program's memory (process_vm_readv on cpu, CUDA IPC and the copy engines on cuda): work the
    program left running after it answered is caught unfinished, and a program cannot tell which
    calls are checked until it has answered.
 
-A call's figure is t1 - t0 less the handshake's fixed cost: the median of the same loop on an
-empty program (one tiny kernel on cuda, so a context switch is in both) in the baselines' trusted
+A call's figure is its frame's t1 - t0 less the handshake's fixed cost, divided by the frame's
+calls; the fixed cost is the median of the same loop, in frames as long, on an empty program (one tiny kernel on cuda, so a context switch is in both) in the baselines' trusted
 process, timed in the same window as the programs compared (hpc.profile.window). Nothing the
 program can change enters a figure: its inputs could not be known before t0, its clock is not
 read, and the fixed cost is measured in a process it cannot reach. What it can still do is finish
@@ -28,6 +31,7 @@ more than half of the calls, enough to move the median, goes unseen with probabi
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 import time
@@ -37,7 +41,8 @@ from typing import Callable, Protocol
 from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, ProgramGone, TensorSpec, read_frame,
                                   send_frame)
 
-PROTOCOL = "outside-2"     # kept with every record: outside clock, programs side by side in one window
+PROTOCOL = "outside-3"     # kept with every record: outside clock, programs side by side in one window,
+                           # timed calls in bursts
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 
@@ -52,15 +57,28 @@ class Call:
     checked: bool = False        # its outputs are copied out at once and compared with the reference's
     check_inputs: bool = False   # its inputs are compared after the call (in-place modification)
     poison: int = -1             # index into POISON: fill the program's uninitialized allocations
+    follows: bool = False        # runs in the frame of the call before it, back to back
 
     def to_message(self) -> dict:
         return {"seed": self.seed, "distribution": self.distribution, "timed": self.timed,
-                "checked": self.checked, "check_inputs": self.check_inputs, "poison": self.poison}
+                "checked": self.checked, "check_inputs": self.check_inputs, "poison": self.poison,
+                "follows": self.follows}
 
     @classmethod
     def from_message(cls, data: dict) -> Call:
         return cls(int(data["seed"]), str(data["distribution"]), bool(data["timed"]), bool(data["checked"]),
-                   bool(data["check_inputs"]), int(data["poison"]))
+                   bool(data["check_inputs"]), int(data["poison"]), bool(data.get("follows", False)))
+
+
+def frames(calls: list[Call]) -> list[tuple[int, int]]:
+    """The (start, end) of each frame of `calls`: a call that follows joins the frame before it."""
+    out: list[tuple[int, int]] = []
+    for k, call in enumerate(calls):
+        if call.follows and out:
+            out[-1] = (out[-1][0], k + 1)
+        else:
+            out.append((k, k + 1))
+    return out
 
 
 @dataclass
@@ -86,62 +104,70 @@ class Agent(Protocol):
 
     def batch_size(self, calls: list[Call]) -> int: ...
     def prepare(self, calls: list[Call]) -> Failure | None: ...
-    def publish(self, index: int) -> None: ...
+    def publish(self, index: int, position: int) -> None: ...
     def flush(self) -> None: ...
-    def capture(self, index: int, call: Call) -> Failure | None: ...
+    def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None: ...
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]: ...
     def program_failure(self) -> Failure: ...
 
 
 @dataclass
 class LoopResult:
-    times_ns: list[int]          # t1 - t0 of each timed call, in order
+    times_ns: list[int]          # each timed frame's t1 - t0 over its calls, in order
     failure: Failure | None
     checks: dict                 # what the reference's check measured: max errors, calls checked
 
 
 def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: bool, deadline: float,
               batch_limit: int = 0) -> LoopResult:
-    """Run `calls` through the program, batch by batch (at most `batch_limit` calls a batch when it
-    is set: 1 checks each call before the next runs); stops at the first failure."""
+    """Run `calls` through the program, frame by frame, in batches of whole frames (of at most
+    `batch_limit` calls when it is set: 1 checks each call before the next runs); stops at the
+    first failure. `agent.batch_size` must hold the longest frame."""
     times: list[int] = []
     checks: dict = {"checked": 0, "max_abs_error": 0.0, "max_rel_error": 0.0}
-    seq, start = 0, 0
+    spans = frames(calls)
     size = max(1, agent.batch_size(calls))
     if batch_limit:
         size = min(size, batch_limit)
-    while start < len(calls):
-        batch = calls[start:start + size]
+    seq, f = 0, 0
+    while f < len(spans):
+        g = f + 1
+        while g < len(spans) and spans[g][1] - spans[f][0] <= size:
+            g += 1
+        start = spans[f][0]
+        batch = calls[start:spans[g - 1][1]]
         failure = agent.prepare(batch)
         if failure is not None:
             return LoopResult(times, failure, checks)
-        for j, call in enumerate(batch):
+        for a, b in spans[f:g]:
             seq += 1
-            agent.publish(j)
+            for position in range(b - a):
+                agent.publish(a - start + position, position)
             agent.flush()
             t0 = time.monotonic_ns()
-            send_frame(go_fd, seq, call.poison)
+            send_frame(go_fd, seq, calls[a].poison, b - a)
             try:
-                got, status = read_frame(done_fd, deadline, spin)
+                got, status, _ = read_frame(done_fd, deadline, spin)
             except CallTimeout:
-                return LoopResult(times, Failure("timeout", "timed out in a call", start + j), checks)
+                return LoopResult(times, Failure("timeout", "timed out in a call", a), checks)
             except ProgramGone:
-                return LoopResult(times, Failure("crash", "the program process ended during a call", start + j), checks)
+                return LoopResult(times, Failure("crash", "the program process ended during a call", a), checks)
             t1 = time.monotonic_ns()
             if got != seq:
-                return LoopResult(times, Failure("output", f"malformed done frame ({got}, expected {seq})", start + j),
-                                  checks)
+                return LoopResult(times, Failure("output", f"malformed done frame ({got}, expected {seq})", a), checks)
             if status == DONE_FAILED:
                 failure = agent.program_failure()
-                failure.call = start + j
+                failure.call = a
                 return LoopResult(times, failure, checks)
-            if call.checked or call.check_inputs:
-                failure = agent.capture(j, call)
-                if failure is not None:
-                    failure.call = start + j
-                    return LoopResult(times, failure, checks)
-            if call.timed:
-                times.append(t1 - t0)
+            for position in range(b - a):
+                call = calls[a + position]
+                if call.checked or call.check_inputs:
+                    failure = agent.capture(a - start + position, call, position, b - a)
+                    if failure is not None:
+                        failure.call = a + position
+                        return LoopResult(times, failure, checks)
+            if calls[a].timed:
+                times.append((t1 - t0) // (b - a))
         failure, measured = agent.check(batch)
         checks["checked"] += measured.get("checked", 0)
         for key in ("max_abs_error", "max_rel_error"):
@@ -150,7 +176,7 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
             if failure.call >= 0:
                 failure.call += start
             return LoopResult(times, failure, checks)
-        start += len(batch)
+        f = g
     return LoopResult(times, None, checks)
 
 
@@ -162,24 +188,39 @@ def stop_program(go_fd: int) -> None:
         pass   # already gone: its serve request fails on its own
 
 
-def timing_calls(seeds: list[int], warmup: int, checked: set[int]) -> list[Call]:
-    """`warmup` untimed calls, then one timed call per seed; the calls at `checked` (indexes among
-    the timed ones) are checked."""
-    out = [Call(s, timed=False) for s in seeds[:warmup]]
-    return out + [Call(s, timed=True, checked=k in checked) for k, s in enumerate(seeds[warmup:])]
+def call_seeds(seed: int, burst: int) -> list[int]:
+    """The seeds of the calls of one frame: the frame's own, then ones made from it by a keyed hash.
+    The program sees inputs, never seeds; and what it could learn of one frame's seeds from them
+    tells it nothing of another frame's, whose own seed was drawn apart."""
+    return [seed] + [int.from_bytes(hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=8).digest(), "little") >> 2
+                     for k in range(1, burst)]
+
+
+def timing_calls(seeds: list[int], warmup: int, checked: set[int], burst: int = 1) -> list[Call]:
+    """A frame of `burst` calls per seed: `warmup` untimed frames, then one timed frame per seed;
+    every call of the frames at `checked` (indexes among the timed ones) is checked."""
+    out = []
+    for i, seed in enumerate(seeds):
+        timed = i >= warmup
+        out += [Call(s, timed=timed, checked=timed and i - warmup in checked, follows=k > 0)
+                for k, s in enumerate(call_seeds(seed, burst))]
+    return out
 
 
 CALIBRATION_WARMUP = 3
 
 
-def calibration_calls(timed: int) -> list[Call]:
-    """The empty program's calls: CALIBRATION_WARMUP untimed, then `timed` timed ones, none checked,
-    on no inputs (the slot is still published and the cache flushed: every step but the model's)."""
-    return [Call(-1, timed=k >= CALIBRATION_WARMUP) for k in range(CALIBRATION_WARMUP + timed)]
+def calibration_calls(timed: int, burst: int = 1) -> list[Call]:
+    """The empty program's frames (`burst` calls each, as the programs it is timed beside):
+    CALIBRATION_WARMUP untimed, then `timed` timed ones, none checked, on no inputs (the slot is
+    still published and the cache flushed: every step but the model's)."""
+    return [Call(-1, timed=f >= CALIBRATION_WARMUP, follows=k > 0)
+            for f in range(CALIBRATION_WARMUP + timed) for k in range(burst)]
 
 
 def figures_ms(times_ns: list[int], overhead_ns: float) -> list[float]:
-    """Each timed call's figure: its outside-clock time less the handshake's fixed cost."""
+    """Each timed frame's figure per call: its outside-clock time per call less the handshake's
+    fixed cost per call (both over frames of as many calls)."""
     return [(t - overhead_ns) / 1e6 for t in times_ns]
 
 

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hpc.profile.timing import Call, Failure, LoopResult
+from hpc.profile.timing import Call, Failure, LoopResult, frames
 from hpc.sandbox import freeze
 from hpc.sandbox.process import SandboxError
 
@@ -63,12 +63,14 @@ class Window:
 
 
 def chunks(calls: list[Call], rounds: int) -> list[list[Call]]:
-    """`calls` cut into `rounds` runs of consecutive calls, sizes differing by at most one."""
-    size, extra = divmod(len(calls), rounds)
+    """`calls` cut into `rounds` runs of consecutive whole frames, their frame counts differing by
+    at most one."""
+    spans = frames(calls)
+    size, extra = divmod(len(spans), rounds)
     out, start = [], 0
     for r in range(rounds):
         end = start + size + (r < extra)
-        out.append(calls[start:end])
+        out.append(calls[spans[start][0]:spans[end - 1][1]] if end > start else [])
         start = end
     return out
 

@@ -135,6 +135,7 @@ class ReferenceWorker(_Worker):
         it = iter(tensors)
         self.layout = InputLayout(tuple(next(it) if isinstance(e, TensorSpec) else e for e in entries), slot_bytes)
         outputs = self._reference(inputs)
+        probe_ms = self._probe_ms(inputs)
         specs = []
         for k, t in enumerate(outputs):
             if not isinstance(t, torch.Tensor) or _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
@@ -144,7 +145,20 @@ class ReferenceWorker(_Worker):
             specs.append(TensorSpec(_dtype_name(t.dtype), tuple(t.shape)))
         self.output_specs, self.output_bytes = packed(specs)
         return {"layout": self.layout.to_message(), "outputs": [o.__dict__ for o in self.output_specs],
-                "output_bytes": self.output_bytes}
+                "output_bytes": self.output_bytes, "probe_ms": probe_ms}
+
+    def _probe_ms(self, inputs: list) -> float:
+        """The Model's time for one call on `inputs`, synchronized, the best of three: how long the
+        programs' calls will be, known before any is timed (the harness sizes their frames by it)."""
+        best = math.inf
+        for _ in range(3):
+            copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            self._reference(copies)
+            synchronize(self.device)
+            best = min(best, time.perf_counter() - t0)
+        return best * 1e3
 
     def _make(self, seed: int, distribution: str) -> list:
         """The task's inputs for `seed`; a task whose get_inputs fails is the task's fault."""
@@ -185,11 +199,12 @@ class ReferenceWorker(_Worker):
         self.correctness = CorrectnessConfig(**msg["correctness"])
         self.flush_bytes = int(msg["flush_bytes"])
         self.budget = int(msg["batch_bytes"])
+        self.burst = int(msg["burst"])
         if self.device.type == "cuda":
-            self.slot = cuda_ipc.DeviceBuffer(self.layout.slot_bytes, self.device)
+            self.slot = cuda_ipc.DeviceBuffer(self.burst * self.layout.stride, self.device)
             self.slot_handle = self.slot.export()
             return {"slot_handle": self.slot_handle.hex()}
-        self.slot_map = map_fd(self.fds.slot, self.layout.slot_bytes)
+        self.slot_map = map_fd(self.fds.slot, self.burst * self.layout.stride)
         self.staging_map = map_fd(self.fds.staging, int(msg["staging_bytes"]))
         self.staging = (torch.frombuffer(self.staging_map, dtype=torch.uint8) if self.staging_map is not None
                         else torch.empty(0, dtype=torch.uint8))
@@ -309,7 +324,7 @@ class _DeviceAgent:
 
     def batch_size(self, calls: list[Call]) -> int:
         per = max(self.ref.layout.slot_bytes + self.ref.output_bytes, 1)
-        return max(1, min(len(calls), self.ref.budget // per))
+        return max(self.ref.burst, min(len(calls), self.ref.budget // per))
 
     def prepare(self, calls: list[Call]) -> Failure | None:
         size = self.ref.layout.slot_bytes
@@ -330,10 +345,10 @@ class _DeviceAgent:
         while not self.event.query():
             pass
 
-    def publish(self, index: int) -> None:
-        size = self.ref.layout.slot_bytes
+    def publish(self, index: int, position: int) -> None:
+        size, at = self.ref.layout.slot_bytes, position * self.ref.layout.stride
         with torch.cuda.stream(self.stream):
-            self.ref.slot.tensor[:size].copy_(self.private[index * size:(index + 1) * size])
+            self.ref.slot.tensor[at:at + size].copy_(self.private[index * size:(index + 1) * size])
 
     def flush(self) -> None:
         if self.flush_src is not None:
@@ -341,16 +356,16 @@ class _DeviceAgent:
                 self.flush_dst.copy_(self.flush_src)
         self._wait()
 
-    def capture(self, index: int, call: Call) -> Failure | None:
+    def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:
         size = self.ref.layout.slot_bytes
         if call.check_inputs:
-            private, slot = self.private[index * size:], self.ref.slot.tensor
+            private, slot = self.private[index * size:], self.ref.slot.tensor[position * self.ref.layout.stride:]
             modified = modified_input(self.ref.layout, lambda e: not torch.equal(
                 private[e.offset:e.offset + e.nbytes], slot[e.offset:e.offset + e.nbytes]))
             if modified is not None:
                 return modified
         try:
-            claims = validated_outputs(read_outputs(self.ref.header), self.ref.output_specs)
+            claims = validated_outputs(read_outputs(self.ref.header), self.ref.output_specs, calls, position)
             copies = []
             with torch.cuda.stream(self.stream):
                 for o, claim in zip(self.ref.output_specs, claims):
@@ -398,21 +413,25 @@ class ProgramWorker(_Worker):
     holds the candidate alone once it is loaded."""
 
     def setup(self, msg: dict) -> dict:
-        """Map the slot's inputs and prepare the empty program. No candidate code runs here."""
+        """Map the slot's positions (one call's inputs each) and prepare the empty program. No
+        candidate code runs here."""
         self.setup_task(msg)
         self.attach_exchange(msg)
+        burst, stride = int(msg["burst"]), self.layout.stride
+        self.slot_bytes = burst * stride
         if self.device.type == "cuda":
             self.mappings = cuda_ipc.Mappings()
             try:
                 self.slot_handle = bytes.fromhex(msg["slot_handle"])
-                slot = self.mappings.view(self.slot_handle, 0, self.layout.slot_bytes, self.device)
+                slot = self.mappings.view(self.slot_handle, 0, self.slot_bytes, self.device)
             except (ValueError, cuda_ipc.IpcError) as e:
                 raise WorkerError(f"the input slot could not be mapped: {e}", "harness") from None
         else:
-            self.slot_map = map_fd(self.fds.slot, self.layout.slot_bytes)
+            self.slot_map = map_fd(self.fds.slot, self.slot_bytes)
             slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
                     else torch.empty(0, dtype=torch.uint8))
-        self.inputs = _views(slot, self.layout)
+        self.positions = [_views(slot[k * stride:], self.layout) for k in range(burst)]
+        self.inputs = self.positions[0]
         self.inputs_base = slot.data_ptr()
         empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
                              for o in self.outputs], self.device)
@@ -479,7 +498,8 @@ class ProgramWorker(_Worker):
         return lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
 
     def serve(self, msg: dict) -> dict:
-        """Run one call of `program` per go frame until the stop frame; answer each with a done frame."""
+        """Run the calls of `program` each go frame asks for, back to back, until the stop frame;
+        answer each with a done frame."""
         name = msg.get("program", "candidate" if "candidate" in self.programs else "empty")
         if name not in self.programs:
             raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})", "harness")
@@ -487,13 +507,15 @@ class ProgramWorker(_Worker):
         set_spinning(self.fds.go, self.spin)
         calls = 0
         while True:
-            seq, poison = read_frame(self.fds.go, math.inf, self.spin)
+            seq, poison, count = read_frame(self.fds.go, math.inf, self.spin)
             if seq == STOP:
                 return {"calls": calls}
-            calls += 1
+            calls += count
             status = DONE_OK
             try:
-                self._one_call(POISON[poison] if 0 <= poison < len(POISON) else None)
+                if not 1 <= count <= len(self.positions):
+                    raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})", "harness")
+                self._one_frame(POISON[poison] if 0 <= poison < len(POISON) else None, count)
             except PolicyViolation as e:
                 write_failure(self.header, "policy", str(e))
                 status = DONE_FAILED
@@ -512,18 +534,20 @@ class ProgramWorker(_Worker):
                 status = DONE_FAILED
             send_frame(self.fds.done, seq, status)
 
-    def _one_call(self, poison: float | None) -> None:
+    def _one_frame(self, poison: float | None, count: int) -> None:
+        """`count` calls, one on each position's inputs, back to back; then one synchronization."""
         outs = []
-        for k, t in enumerate(as_tuple(self.call(self.inputs, poison))):
-            if type(t) is not torch.Tensor:
-                raise PolicyViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
-                                      "not a plain torch.Tensor")
-            if t.device.type != self.device.type:
-                raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}", "runtime")
-            if _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
-                raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", "runtime")
-            outs.append(t if t.is_contiguous() else t.contiguous())
-        synchronize(self.device)   # device-wide: work left on any stream is inside the call
+        for inputs in self.positions[:count]:
+            for k, t in enumerate(as_tuple(self.call(inputs, poison))):
+                if type(t) is not torch.Tensor:
+                    raise PolicyViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
+                                          "not a plain torch.Tensor")
+                if t.device.type != self.device.type:
+                    raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}", "runtime")
+                if _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
+                    raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", "runtime")
+                outs.append(t if t.is_contiguous() else t.contiguous())
+        synchronize(self.device)   # device-wide: work left on any stream is inside the frame
         claims = []
         for t in outs:
             if self.device.type == "cuda" and t.numel():
@@ -531,14 +555,17 @@ class ProgramWorker(_Worker):
                 claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), offset, handle))
             else:
                 claims.append(OutputDescriptor(_dtype_name(t.dtype), tuple(t.shape), t.data_ptr() if t.numel() else 0))
-        write_outputs(self.header, claims)
-        self.kept = outs   # alive until the next call: the driver copies them out after this answer
+        try:
+            write_outputs(self.header, claims)
+        except ValueError as e:
+            raise WorkerError(str(e), "runtime") from None
+        self.kept = outs   # alive until the next frame: the driver copies them out after this answer
 
     def _handle_of(self, t: torch.Tensor) -> tuple[bytes, int]:
         """The allocation an output lies in: the slot's own handle for a view of the inputs (CUDA
         gives no handle for memory opened from another process), else its own allocation's."""
         offset = t.data_ptr() - self.inputs_base
-        if 0 <= offset < self.layout.slot_bytes:
+        if 0 <= offset < self.slot_bytes:
             return self.slot_handle, offset
         return cuda_ipc.handle_of(t)
 

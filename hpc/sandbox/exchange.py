@@ -14,7 +14,10 @@ checks (the harness on cpu, with process_vm_readv; the reference on cuda, throug
   is a device allocation of the reference's own, exported once to the program.
 - staging (memfd on cpu; harness and reference only): a batch of inputs the reference made, and
   the outputs the harness captured, for the reference to check.
-- go pipe (driver -> program) and done pipe (program -> driver): one 16-byte frame per call.
+- go pipe (driver -> program) and done pipe (program -> driver): one 24-byte frame per frame of
+  calls. A timed frame runs several calls back to back (a burst), each on inputs of its own in its
+  own position of the slot, and the header describes every call's outputs: the handshake is paid
+  once per frame, not once per call.
 
 Everything the program writes is untrusted: descriptors are validated against the expected
 outputs, and a call's outputs are read from its memory, never taken from its word.
@@ -34,14 +37,16 @@ from dataclasses import asdict, dataclass, field
 
 from hpc.sandbox.protocol import DTYPE_NAMES
 
-HEADER_BYTES = 8192
-MAX_OUTPUTS = 16
+HEADER_BYTES = 65536
+MAX_OUTPUTS = 16                                   # outputs of one call
 MAX_DIMS = 8
 ALIGN = 256
-_FRAME = struct.Struct("<qq")                     # (sequence number, value)
+_FRAME = struct.Struct("<qqq")                    # (sequence number, value, calls)
 _COUNT = struct.Struct("<II")                     # (outputs, error length) at offset 0
 _OUTPUT = struct.Struct(f"<BB6x{MAX_DIMS}qQ64s")   # dtype, ndim, shape, address, handle
-_OUTPUTS_AT, _ERROR_AT, _ERROR_MAX = 64, 4096, 4096
+_OUTPUTS_AT, _ERROR_MAX = 64, 4096
+_ERROR_AT = HEADER_BYTES - _ERROR_MAX
+MAX_DESCRIPTORS = (_ERROR_AT - _OUTPUTS_AT) // _OUTPUT.size   # outputs of every call of one frame
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
             "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16}
 STOP = -1                                          # a go frame that ends the program's serve loop
@@ -85,6 +90,11 @@ class InputLayout:
     entries: tuple[TensorSpec | dict, ...]   # a TensorSpec, or {"value": <JSON>} for a constant
     slot_bytes: int
 
+    @property
+    def stride(self) -> int:
+        """Bytes from one position of the slot to the next (a frame's calls each have one)."""
+        return align(self.slot_bytes)
+
     def to_message(self) -> dict:
         return {"entries": [asdict(e) if isinstance(e, TensorSpec) else e for e in self.entries],
                 "slot_bytes": self.slot_bytes}
@@ -124,6 +134,9 @@ class OutputDescriptor:
 
 
 def write_outputs(header: mmap.mmap, outputs: list[OutputDescriptor]) -> None:
+    """Describe the outputs of a frame's calls, call after call (ValueError: more than fit)."""
+    if len(outputs) > MAX_DESCRIPTORS:
+        raise ValueError(f"{len(outputs)} outputs in one frame (at most {MAX_DESCRIPTORS})")
     for k, o in enumerate(outputs):
         _OUTPUT.pack_into(header, _OUTPUTS_AT + k * _OUTPUT.size, DTYPE_NAMES.index(o.dtype), len(o.shape),
                           *(list(o.shape) + [0] * (MAX_DIMS - len(o.shape))), o.address, o.handle)
@@ -139,8 +152,8 @@ def write_failure(header: mmap.mmap, kind: str, message: str) -> None:
 def read_outputs(header: mmap.mmap) -> list[OutputDescriptor]:
     """The program's descriptors; ValueError when they are malformed."""
     count, _ = _COUNT.unpack_from(header, 0)
-    if count > MAX_OUTPUTS:
-        raise ValueError(f"claims {count} outputs (at most {MAX_OUTPUTS})")
+    if count > MAX_DESCRIPTORS:
+        raise ValueError(f"claims {count} outputs (at most {MAX_DESCRIPTORS})")
     out = []
     for k in range(count):
         fields = _OUTPUT.unpack_from(header, _OUTPUTS_AT + k * _OUTPUT.size)
@@ -154,10 +167,15 @@ def read_outputs(header: mmap.mmap) -> list[OutputDescriptor]:
     return out
 
 
-def validated_outputs(claims: list[OutputDescriptor], expected: list[TensorSpec]) -> list[OutputDescriptor]:
-    """The program's descriptors, if they describe outputs of the expected structure (ValueError)."""
-    if len(claims) != len(expected):
-        raise ValueError(f"returned {len(claims)} outputs, expected {len(expected)}")
+def validated_outputs(claims: list[OutputDescriptor], expected: list[TensorSpec], calls: int = 1,
+                      position: int = 0) -> list[OutputDescriptor]:
+    """The descriptors of the call at `position` of a frame of `calls` calls, if the program
+    described every call's outputs and these have the expected structure (ValueError)."""
+    if len(claims) != calls * len(expected):
+        if calls == 1:
+            raise ValueError(f"returned {len(claims)} outputs, expected {len(expected)}")
+        raise ValueError(f"described {len(claims)} outputs for {calls} calls of {len(expected)} outputs each")
+    claims = claims[position * len(expected):(position + 1) * len(expected)]
     for k, (c, e) in enumerate(zip(claims, expected)):
         if c.shape != e.shape:
             raise ValueError(f"output {k} has shape {c.shape}, expected {e.shape}")
@@ -185,13 +203,13 @@ class CallTimeout(Exception):
     """No done frame before the deadline."""
 
 
-def send_frame(fd: int, seq: int, value: int = 0) -> None:
-    os.write(fd, _FRAME.pack(seq, value))   # 16 bytes: one atomic pipe write
+def send_frame(fd: int, seq: int, value: int = 0, calls: int = 1) -> None:
+    os.write(fd, _FRAME.pack(seq, value, calls))   # 24 bytes: one atomic pipe write
 
 
-def read_frame(fd: int, deadline: float, spin: bool) -> tuple[int, int]:
-    """The next frame from `fd` (blocking until `deadline`; with `spin`, polling without sleeping:
-    a waiting core answers in a microsecond, a woken one in tens)."""
+def read_frame(fd: int, deadline: float, spin: bool) -> tuple[int, int, int]:
+    """The next frame from `fd`: (sequence number, value, calls), blocking until `deadline` (with
+    `spin`, polling without sleeping: a waiting core answers in a microsecond, a woken one in tens)."""
     buf = b""
     while len(buf) < _FRAME.size:
         if spin:

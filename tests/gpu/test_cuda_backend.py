@@ -71,7 +71,7 @@ def reference_slot(tmp_path, cuda_config):
     laid = proc.request({"op": "setup", "task": str(task), "scale": cuda_config.scale, "init_seed": 1,
                          "probe_seed": 2, "device": "cuda"})
     attached = proc.request({"op": "attach", "layout": laid["layout"], "outputs": laid["outputs"], "spin": False,
-                             "fds": exchange.reference.to_message(),
+                             "fds": exchange.reference.to_message(), "burst": 1,
                              "correctness": dataclasses.asdict(cuda_config.correctness), "flush_bytes": 0,
                              "batch_bytes": 1 << 30, "staging_bytes": 0, "per_call": 0})
     yield proc, bytes.fromhex(attached["slot_handle"]), laid["layout"]["slot_bytes"]
