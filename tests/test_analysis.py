@@ -79,6 +79,18 @@ def test_geomean_is_over_finite_positive_values_only():
     assert s.geomean_compile == pytest.approx(0.25, rel=1e-15)
 
 
+def test_a_pass_rate_trend_is_its_last_quarter_against_its_first_over_their_samples():
+    from hpc.analysis.metrics import pass_rate_trend
+
+    rising = [{"pass_rate": 0.2, "samples": 16}] * 8 + [{"pass_rate": 0.5, "samples": 16}] * 8
+    first, last, z = pass_rate_trend(rising)
+    assert (first, last) == (0.2, 0.5) and 3 < z < 5          # 64 samples a quarter: 0.2 -> 0.5
+    flat = [{"pass_rate": r, "samples": 16} for r in (0.25, 0.19, 0.31, 0.25) * 4]
+    assert abs(pass_rate_trend(flat)[2]) < 1
+    assert math.isnan(pass_rate_trend(rising[:3])[2])          # fewer than 4 steps: no quarters
+    assert math.isnan(pass_rate_trend([{"pass_rate": 0.0, "samples": 16}] * 8)[2])
+
+
 def test_faster_means_faster_by_more_than_the_reward_margin():
     records = [ok("level1/a", 1.05, 1.051), ok("level1/b", 1.2, 1.0)]
     s = summarize(records)

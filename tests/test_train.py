@@ -131,19 +131,26 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
 
 
 def test_the_embedded_default_raises_the_mean_reward(tmp_path):
-    """README command 1: SFT warm-up, then PPO against the real CPU evaluator; the reward after
-    training is measurably above the reward before (same tasks, as many samples, fixed seeds)."""
+    """README command 1: SFT warm-up, then PPO against the real CPU evaluator. RL, not chance,
+    raised the pass rate: over the PPO stage's last quarter of steps it is above its first
+    quarter's with a two-proportion z of at least 3 (128 on-policy samples each), and the reward
+    after training is above the reward before (same tasks, as many samples). Measured
+    (docs/benchmarks.md): z 4.45 and 4.55 on seeds 3 and 4, the two that gained least; with RL
+    switched off (`benchmarks/default_learning.py --control`, PPO learning rate 1e-30) z was 1.41,
+    1.02 and -0.31 on seeds 0-2, and their rewards moved -0.125, +0.250 and -0.250: the first
+    assertion on the gain fails for all three."""
+    from hpc.analysis.metrics import pass_rate_trend
     from hpc.results.training import read_steps, read_trajectories
 
     out = _run([sys.executable, "jobs/train.py", "--config", str(DEFAULT), "--out", str(tmp_path / "run")],
                timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
-    steps = {r["stage"]: r for r in read_steps(tmp_path / "run" / "train.h5") if r["stage"].startswith("measure")}
+    rows = read_steps(tmp_path / "run" / "train.h5")
+    first, last, z = pass_rate_trend([r for r in rows if r["stage"] == "ppo"])
+    assert z >= 3.0, (first, last, z)
+    steps = {r["stage"]: r for r in rows if r["stage"].startswith("measure")}
     before, after = steps["measure_before"], steps["measure_after"]
-    # Seeded, paid for correctness alone (no timing in the pay); measured here: -0.625 -> -0.125
-    # (pass rate 19% -> 44%) over 32 samples each; seeds 0-2: +0.50 to +0.62 (docs/benchmarks.md).
-    assert after["reward_mean"] >= before["reward_mean"] + 0.4, (before, after)
-    assert after["pass_rate"] >= before["pass_rate"] + 0.2, (before, after)
+    assert after["reward_mean"] > before["reward_mean"] and after["pass_rate"] > before["pass_rate"], (before, after)
     assert "measure_after: mean reward" in out.stdout
     trajectories = read_trajectories(tmp_path / "run" / "train.h5", step=after["step"])
     assert len(trajectories) == after["samples"]

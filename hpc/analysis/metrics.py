@@ -231,3 +231,25 @@ def summarize_training(steps: list[dict], label: str = "", source: str = "") -> 
         stages.append(StageSummary(stage=stage, first_step=rows[0]["step"], last_step=rows[-1]["step"],
                                    steps=len(rows), hours=sum(timed) / 3600 if timed else math.nan, final=final))
     return TrainingSummary(label=label, source=source, steps=len(steps), stages=stages)
+
+
+def pass_rate_trend(rows: list[dict]) -> tuple[float, float, float]:
+    """Whether a stage's pass rate rose from its start to its end: the pass rates of its first and
+    last quarter of steps (each pooled over its samples) and the two-proportion z of the rise. A
+    before/after measurement of a few dozen samples moves by chance (on the embedded default,
+    0.26 reward between seeds with RL off); a quarter of a PPO stage holds over a hundred
+    on-policy samples, so a z of 3 is not chance. NaN where the stage has under 4 steps or the
+    pooled rate is 0 or 1."""
+    quarter = len(rows) // 4
+    if quarter == 0:
+        return math.nan, math.nan, math.nan
+
+    def pooled(part: list[dict]) -> tuple[float, float]:
+        n = sum(r["samples"] for r in part)
+        return (sum(r["pass_rate"] * r["samples"] for r in part) / n if n else math.nan), n
+
+    (first, n1), (last, n2) = pooled(rows[:quarter]), pooled(rows[-quarter:])
+    both = (first * n1 + last * n2) / (n1 + n2) if n1 + n2 else math.nan
+    if not 0 < both < 1:
+        return first, last, math.nan
+    return first, last, (last - first) / math.sqrt(both * (1 - both) * (1 / n1 + 1 / n2))
