@@ -65,6 +65,12 @@ def figures(path: Path) -> dict[str, tuple]:
                         r.speedup_eager) for r in read_records(path)}
 
 
+def spread_pct(xs: list[float]) -> str:
+    """(max - min) / median of one figure over the runs, in percent."""
+    median = statistics.median(xs)
+    return f"{100 * (max(xs) - min(xs)) / median:.1f}%" if median > 0 else "-"
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs)) if xs else float("nan")
 
@@ -104,10 +110,11 @@ def main() -> int:
         within += ok and spread <= 0.03
         print(f"| {task} | {' / '.join(f'{x:g}' for x in rewards)} | {' / '.join(f'{x:.3f}' for x in ratios)} "
               f"| {100 * spread:.1f}% |")
-    print("\n| task | candidate ms per run | eager ms | compile ms | handshake ms |\n|---|---|---|---|---|")
+    print("\n| task | candidate ms per run (spread) | eager ms | compile ms | handshake ms |\n|---|---|---|---|---|")
     for task in tasks:   # which figure moves: the candidate's, a baseline's, or the handshake taken off
         rows = [run[task] for run in runs if task in run]
-        print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) for i in (3, 4, 5, 6)) + " |")
+        print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) + f" ({spread_pct([r[i] for r in rows])})"
+                                         for i in (3, 4, 5, 6)) + " |")
     print("\n| task | candidate ms | eager ms | compile ms | vs eager | vs compile |\n|---|---|---|---|---|---|")
     medians: dict[str, list[float]] = {}
     for task in tasks:   # the suite table: each figure's median over the runs
