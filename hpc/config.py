@@ -152,7 +152,8 @@ class EvalConfig:
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
                     "timing.calibration_calls": self.timing.calibration_calls, "timing.rounds": self.timing.rounds,
                     "timing.batch_mb_cpu": self.timing.batch_mb_cpu, "timing.batch_mb_cuda": self.timing.batch_mb_cuda,
-                    "timing.burst_max": self.timing.burst_max, "compile.timeout_s": self.compile.timeout_s, "compile.max_library_mb": self.compile.max_library_mb}
+                    "timing.burst_max": self.timing.burst_max, "compile.timeout_s": self.compile.timeout_s,
+                    "compile.max_library_mb": self.compile.max_library_mb}
         for key, value in positive.items():
             if value <= 0:
                 raise UserError(f"config {key}: must be > 0, got {value}")

@@ -3,8 +3,8 @@ started and timed from outside the program's process.
 
 A driver outside the program (the harness on cpu; the reference worker on cuda, which owns the
 device memory involved) runs the calls, a frame of them at a time. A timed frame is a burst of
-calls run back to back (hpc.profile.window picks how many: enough that the handshake is small
-beside them), each on inputs of its own; a correctness call is a frame of its own. Per frame:
+calls run back to back (hpc.profile.driver.burst_for sizes it: enough that the handshake is
+small beside them), each on inputs of its own; a correctness call is a frame of its own. Per frame:
 
 1. each call's inputs, made by the reference worker from seeds the program never sees (a batch at
    a time, in memory the program cannot map), are written into the call's position of the
@@ -20,7 +20,8 @@ beside them), each on inputs of its own; a correctness call is a frame of its ow
    calls are checked until it has answered.
 
 A call's figure is its frame's t1 - t0 less the handshake's fixed cost, divided by the frame's
-calls; the fixed cost is the median of the same loop, in frames as long, on an empty program (one tiny kernel on cuda, so a context switch is in both) in the baselines' trusted
+calls; the fixed cost is the median of the same loop, in frames as long, on an empty program
+(one tiny kernel a call on cuda, so a context switch is in both) in the baselines' trusted
 process, timed in the same window as the programs compared (hpc.profile.window). Nothing the
 program can change enters a figure: its inputs could not be known before t0, its clock is not
 read, and the fixed cost is measured in a process it cannot reach. What it can still do is finish
