@@ -23,7 +23,7 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
-from hpc.sandbox.prestart import WorkerPair, programs_first, worker_pair
+from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
 
@@ -122,7 +122,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             fresh.close()
     driver = PairDriver(pair, cfg)
     burst = load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
-    with lock.exclusive(), timing(programs_first(pair), one_core_each=cfg.backend == "cuda"):
+    with lock.exclusive(), timing(*window_pids(pair), one_core=cfg.backend == "cuda"):
         measured = conditions(cfg.backend, lock.beside())
         window = run_window(baseline_entrants(driver, cfg, [program], burst), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:

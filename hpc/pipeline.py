@@ -38,7 +38,7 @@ from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figu
 from hpc.profile.window import Entrant, EntrantError, handshake_ns, run_window
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
-from hpc.sandbox.prestart import WorkerPair, harness_file, programs_first, worker_pair
+from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_pair
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
 from hpc.verify.static import kernel_defect, link_flags, source_defect
@@ -266,8 +266,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs, seeds.burst)]
         try:
-            with lock.exclusive(), timing(programs_first(pair, baselines.result()),
-                                               one_core_each=cfg.backend == "cuda"):
+            with lock.exclusive(), timing(*window_pids(pair, baselines.result()),
+                                                one_core=cfg.backend == "cuda"):
                 measured = conditions(cfg.backend, lock.beside())
                 window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
         except EntrantError as e:

@@ -94,19 +94,20 @@ def test_the_first_cores_handed_out_lie_on_different_physical_cores(monkeypatch)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand out")
-def test_on_cuda_each_process_of_a_window_gets_a_core_of_its_own(monkeypatch):
+def test_on_cuda_every_program_of_a_window_is_timed_on_one_core_and_every_driver_on_another(monkeypatch):
     kept = sorted(os.sched_getaffinity(0))[:2]
     monkeypatch.setattr(cores, "kept_cores", lambda: set(kept))
     monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu}))
     children = [subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
-                                 stdout=subprocess.PIPE, text=True) for _ in range(3)]
+                                 stdout=subprocess.PIPE, text=True) for _ in range(4)]
     try:
         for child in children:
             child.stdout.readline()
-        with cores.timing([c.pid for c in children], one_core_each=True):
-            assert [_affinity(c.pid) for c in children] == [{kept[0]}, {kept[1]}, {kept[0]}]
-        with cores.timing([c.pid for c in children]):
-            assert all(_affinity(c.pid) == set(kept) for c in children)
+        pids = [c.pid for c in children]
+        with cores.timing(pids[:2], pids[2:], one_core=True):
+            assert [_affinity(pid) for pid in pids] == [{kept[0]}, {kept[0]}, {kept[1]}, {kept[1]}]
+        with cores.timing(pids[:2], pids[2:]):
+            assert all(_affinity(pid) == set(kept) for pid in pids)
     finally:
         for child in children:
             child.kill()

@@ -7,9 +7,9 @@ timed program wants, but not from sharing a physical core (its hyperthread sibli
 and memory bandwidth with it. So on a host with 8 or more usable cores about a quarter of them
 (whole physical cores, at least 2) is kept: every compile is pinned to the others, and while a
 window is timed its processes (both pairs: the references that drive the calls, the candidate's
-and the baselines' programs) are pinned to the kept ones, on cuda each to a core of its own, then
-put back. What is timed then runs on the same quiet cores whichever evaluation it belongs to, and
-a process does not move between cores in the middle of its calls. Below 8 cores nothing is kept: a
+and the baselines' programs) are pinned to the kept ones, on cuda every program to one core and
+every driver to another, then put back. What is timed then runs on the same quiet cores whichever
+evaluation it belongs to, and a process does not move between cores in the middle of its calls. Below 8 cores nothing is kept: a
 quarter of 2 or 4 cores would leave the timed programs too few.
 """
 
@@ -104,30 +104,39 @@ def compiling() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def timing(pids: Sequence[int], one_core_each: bool = False) -> Iterator[None]:
-    """Every thread of the processes `pids`, and the calling thread (the harness's side of the
-    window), on the kept cores for the block (a window); each put back where it was after (a thread started meanwhile goes where
-    its process's first was). `one_core_each`: each process on a kept core of its own, in turn, the
-    first ones on different physical cores (list the programs first: then no program shares a
-    physical core with another program's spinning serve loop). A GPU program's host path, timed in
-    every call, moved 26% between fresh processes left to the scheduler and 1.3% between processes
-    held on one core (docs/benchmarks.md). Otherwise all share the kept cores (a CPU program's
-    threads need more than one)."""
+def timing(programs: Sequence[int], drivers: Sequence[int] = (), one_core: bool = False) -> Iterator[None]:
+    """Every thread of the processes `programs` and `drivers`, and the calling thread (the harness's
+    side of the window), on the kept cores for the block (a window); each put back where it was
+    after (a thread started meanwhile goes where its process's first was).
+
+    `one_core`: every program on the same kept core, every driver (the references that time them)
+    on a second one, on another physical core. A window runs one program at a time (the others wait
+    in a blocking read, a candidate's process is stopped), so each is timed on the very core the
+    others were. A GPU program's host path, timed in every call, moved 26% between fresh processes
+    left to the scheduler and 1.3% between processes held on one core; given a core each, the
+    programs of one window still moved apart by 2-38% between runs (docs/benchmarks.md). The
+    harness's thread goes on the kept cores left, if any. Otherwise all share the kept cores (a CPU
+    program's threads need more than one)."""
     kept = by_physical_core(kept_cores())
     if not kept:
         yield
         return
+    if one_core and len(kept) >= 2:
+        program_cores, driver_cores = {kept[0]}, {kept[1]}
+    else:
+        program_cores = driver_cores = set(kept)
     own = {tid: os.sched_getaffinity(tid) for tid in (threading.get_native_id(),)}
-    _pin(own, set(kept))
+    _pin(own, set(kept) - program_cores - driver_cores or set(kept))
     saved: dict[int, dict[int, set[int]]] = {}
-    for k, pid in enumerate(pids):
-        saved[pid] = {}
-        for tid in _threads(pid):
-            try:
-                saved[pid][tid] = os.sched_getaffinity(tid)
-            except OSError:
-                continue
-        _pin(saved[pid], {kept[k % len(kept)]} if one_core_each else set(kept))
+    for pids, target in ((programs, program_cores), (drivers, driver_cores)):
+        for pid in pids:
+            saved[pid] = {}
+            for tid in _threads(pid):
+                try:
+                    saved[pid][tid] = os.sched_getaffinity(tid)
+                except OSError:
+                    continue
+            _pin(saved[pid], target)
     try:
         yield
     finally:

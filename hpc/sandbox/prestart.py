@@ -58,10 +58,10 @@ class WorkerPair:
         shutil.rmtree(self.workroot, ignore_errors=True)
 
 
-def programs_first(*pairs: WorkerPair) -> list[int]:
-    """The pairs' host pids, their programs' first, then their references' (as
-    hpc.profile.cores.timing wants them)."""
-    return [p.program.worker_pid for p in pairs] + [p.reference.worker_pid for p in pairs]
+def window_pids(*pairs: WorkerPair) -> tuple[list[int], list[int]]:
+    """The pairs' host pids: their programs', their references' (as hpc.profile.cores.timing
+    wants them)."""
+    return [p.program.worker_pid for p in pairs], [p.reference.worker_pid for p in pairs]
 
 
 def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None = None,
