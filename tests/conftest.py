@@ -67,9 +67,10 @@ def plumbing_config(folder: Path) -> Path:
     """A config file for tests of what runs around evaluations (every record once, resume, lost
     ranks, requeues, templates): eager alone as the baseline, since torch.compile's costs some 25 s
     of CPU per evaluation and the reward's full path is tested by test_solutions and the hack suite;
-    and fewer calibration calls."""
+    fewer calibration calls, and frames of at most 4 calls as in make_fast_config (the reference
+    makes each call's inputs)."""
     path = folder / "plumbing.yaml"
-    path.write_text("timing:\n  calibration_calls: 15\nbaseline:\n  compile_modes: []\n")
+    path.write_text("timing:\n  calibration_calls: 15\n  burst_max: 4\nbaseline:\n  compile_modes: []\n")
     return path
 
 
