@@ -36,7 +36,7 @@ from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 from hpc.results.hdf5 import GROUP, file_attrs, file_groups, read_records  # noqa: E402
-from hpc.results.merge import merge_files  # noqa: E402
+from hpc.results.merge import merge_files, merge_records  # noqa: E402
 from hpc.results.record import EvalRecord  # noqa: E402
 from hpc.results.training import TRAIN_GROUP, read_steps  # noqa: E402
 from hpc.task import discover_tasks  # noqa: E402
@@ -86,7 +86,9 @@ def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Load
         if TRAIN_GROUP in groups:
             steps, train_path = read_steps(path), path
         if GROUP in groups or TRAIN_GROUP not in groups:
-            records, records_path = read_records(path), path    # checks the schema
+            # read_records checks the schema; merge_records keeps each evaluation once (a pool's
+            # give-up and its later evaluation, resumed into one file, are one sample)
+            records, records_path = merge_records(read_records(path)), path
     if not records and not steps:
         raise UserError(f"results {path}: no records (an empty run)")
     main = records_path if records else train_path

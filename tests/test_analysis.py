@@ -227,6 +227,25 @@ def test_analyze_merges_shards_and_reports_two_runs(tmp_path):
     assert [r["label"] for r in json.loads((out / "summary.json").read_text())["runs"]] == ["one", "two"]
 
 
+def test_a_pool_give_up_later_evaluated_in_the_same_file_is_one_sample(tmp_path):
+    from hpc.pool.coordinator import _failed
+    from hpc.pool.messages import WorkItem
+
+    item = WorkItem(id="level1/a", task="suite/level1/a.py", candidate="cands/level1/a",
+                    meta={"task_id": "level1/a", "task_level": 1, "candidate_sha256": "sha-level1/a"})
+    gave_up = EvalRecord(**_failed(item, "rank 2 lost").record)
+    assert (gave_up.status, gave_up.failed_stage, gave_up.task_level) == ("error", "pool", 1)
+    assert math.isnan(gave_up.reward)
+    gave_up.timestamp = 5.0
+    path = write_results(tmp_path / "pool.h5", [gave_up, ok("level1/b", 2.0, 2.0, reward=3.0),
+                                                 ok("level1/a", 2.0, 2.0, reward=3.0, timestamp=9.0)])
+    out = tmp_path / "report"
+    proc = analyze(str(path), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    overall = json.loads((out / "summary.json").read_text())["runs"][0]["overall"]
+    assert (overall["samples"], overall["pass_rate"]) == (2, 1.0)
+
+
 def test_analyze_as_a_local_submitit_job(tmp_path):
     _, run2 = write_two_runs(tmp_path)
     out = tmp_path / "report"

@@ -111,7 +111,10 @@ class PoolBackend:
                         meta={"task_id": task.task_id, "tool": tool})
         result = self.client.request(item)
         self.served[result.rank] += 1
-        return EvalRecord(**result.record)
+        rec = EvalRecord(**result.record)
+        if result.rank < 0:   # given up on (a lost rank, a timeout): no reward in a file, the incorrect one to RL
+            rec.reward = self.config.reward.incorrect
+        return rec
 
 
 def state_digest(candidate_dir: Path) -> str:

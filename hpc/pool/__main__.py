@@ -83,8 +83,11 @@ def coordinate(comm, args, cfg) -> int:
                 yield item, evaluate_entry(entry, cfg)
                 continue
             sent[entry.task.task_id] = item
+            key = {"task_id": entry.task.task_id, "task_level": entry.task.level, "task_sha256": entry.task.sha256,
+                   "candidate_sha256": entry.candidate.sha256, "candidate_kind": entry.candidate.kind,
+                   "backend": cfg.backend, "scale": cfg.scale, "reward_kind": cfg.reward.kind}
             pool.submit(WorkItem(id=entry.task.task_id, task=str(entry.task.path), candidate=str(entry.path),
-                                 timeout_s=args.timeout, meta={"task_id": entry.task.task_id}))
+                                 timeout_s=args.timeout, meta=key))
         log.info("pool: %d to evaluate, %d already recorded, %d worker ranks", len(sent), len(items) - len(todo),
                  len(pool.live))
         for result in pool.results():

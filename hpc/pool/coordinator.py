@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Iterator
 
 from hpc.pool.messages import BYE, KINDS, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
@@ -194,6 +195,12 @@ class Coordinator:
 
 
 def _failed(item: WorkItem, reason: str) -> Result:
-    rec = EvalRecord(candidate_path=item.candidate, reward=-1.0).fail("pool", reason, "error")
-    rec.task_id = item.meta.get("task_id", "")
+    """The record of a request given up on (rank -1): status error, no reward (results/SCHEMA.md),
+    and whatever record fields the submitter put in `meta` (task and candidate hash: the key a
+    worker's record would have, so a later evaluation of it replaces this one in a merge, and a
+    resumed run evaluates it again)."""
+    known = {f.name for f in fields(EvalRecord)}
+    rec = EvalRecord(candidate_path=item.candidate, **{k: v for k, v in item.meta.items() if k in known})
+    rec = rec.fail("pool", reason, "error")
+    rec.reward = math.nan
     return Result(item.id, item.kind, asdict(rec), -1, 0.0, item.meta)
