@@ -62,8 +62,8 @@ def _exercise(policy, critic, cfg) -> dict:
     before = reference_logprobs(policy, batch, cfg.vocab_size)
     stats = ppo_epochs(policy, actor_opt, batch, rl, cfg.vocab_size, critic=critic, critic_opt=critic_opt,
                        ref_logprobs=before * 0.9, rng=random.Random(0), microbatches=2)
-    sft = sft_step(policy, actor_opt, batch, cfg.vocab_size, microbatches=2)
-    value = value_step(critic, critic_opt, batch, microbatches=2)
+    sft, _ = sft_step(policy, actor_opt, batch, cfg.vocab_size, microbatches=2)
+    value = value_step(critic, critic_opt, batch, microbatches=2)[:2]
     replica = policy
     if pipeline_size() > 1:
         replica = model.build_replica(cfg)
