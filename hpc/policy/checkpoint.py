@@ -26,12 +26,15 @@ import os
 import shutil
 from copy import deepcopy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hpc.errors import UserError
 from hpc.policy.config import PolicyModelConfig, config_dict, policy_config
+
+if TYPE_CHECKING:
+    from hpc.policy.optimizer import ModelOptimizer
 
 META = "hpc_policy.json"
 
@@ -99,7 +102,7 @@ def _state_keys(optimizer: torch.optim.Optimizer) -> list[str]:
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None,
+                    optimizer: torch.optim.Optimizer | ModelOptimizer | None = None,
                     cfg: PolicyModelConfig | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Save model (+ optimizer) at `step` under ROOT; collective over all ranks.
 
@@ -142,7 +145,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
 
 
 def load_checkpoint(root: str | os.PathLike, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None,
+                    optimizer: torch.optim.Optimizer | ModelOptimizer | None = None,
                     step: int | None = None) -> tuple[int, dict[str, Any]]:
     """Load ROOT's checkpoint at `step` (default: latest) into model (+ optimizer), whatever
     TP/PP layout saved it. Returns (step, extra). Collective over all ranks."""

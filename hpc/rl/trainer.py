@@ -2,8 +2,10 @@
 
 One `Trainer` per trainer process. It owns the policy and the critic (megatron-core models,
 tensor-parallel over its TP group and pipelined over its PP group, data-parallel over the rest),
-their optimizers, and an evaluation backend that scores episodes (in this process's sandboxed
-workers, or on the MPI reward pool). Every global step is one of: an SFT step, an RL step
+their optimizers (megatron's DDP and mixed-precision Adam with fp32 master weights, gradients
+clipped to `rl.clip_grad`, losses a token mean over every data-parallel rank: docs/rl.md), and
+an evaluation backend that scores episodes (in this process's sandboxed workers, or on the MPI
+reward pool). Every global step is one of: an SFT step, an RL step
 (sample episodes, score them, update), a rejection-sampling round, a value-pretraining step, or
 a measurement.
 
@@ -193,7 +195,7 @@ class Trainer:
     # -- set-up -----------------------------------------------------------------------------
     def _check_minibatches(self) -> None:
         """Every trainer rank takes the same ppo_epochs x minibatches optimizer steps per RL step
-        (their gradients are averaged at each): so each rank's share of a step's episodes must
+        (their gradients are summed at each): so each rank's share of a step's episodes must
         split into rl.minibatches parts. Said here, not at the first RL step."""
         tasks = max(1, min(self.cfg.rollout.tasks_per_step, len(self.tasks)) // self.dp.size)
         for stage in self.cfg.stages:
