@@ -125,6 +125,22 @@ def test_the_optimizer_state_checkpoints_and_resumes_identically(parallel, tmp_p
     assert all(torch.equal(a, b) for a, b in zip(resumed_opt.master_params(), optimizer.master_params()))
 
 
+def test_an_optimizer_that_never_stepped_checkpoints_and_steps_as_a_fresh_one(parallel, tmp_path):
+    """The critic before its first PPO stage: saved without moments, loaded, its first step is a
+    fresh optimizer's first step."""
+    from hpc.policy.checkpoint import load_checkpoint, save_checkpoint
+
+    batch = _batch([6, 5])
+    cfg, policy = _policy()
+    save_checkpoint(tmp_path, 1, policy, ModelOptimizer(policy, lr=1e-3, clip_grad=1.0), cfg)
+    fresh, _ = _sft(cfg, policy, ModelOptimizer(policy, lr=1e-3, clip_grad=1.0), batch, 2)
+    cfg, loaded = _policy(seed=9)
+    optimizer = ModelOptimizer(loaded, lr=1e-3, clip_grad=1.0)
+    load_checkpoint(tmp_path, loaded, optimizer, 1)
+    again, _ = _sft(cfg, loaded, optimizer, batch, 2)
+    assert again == fresh
+
+
 ROWS = ([9, 1, 7], [2, 3])      # the two ranks' completion lengths: 17 and 5 tokens
 
 

@@ -127,10 +127,15 @@ class ModelOptimizer:
         owner = {id(p.main_param): p for group in getattr(inner, "float16_groups", []) for p in group}
         model_params = [owner.get(id(p), p) for group in inner.optimizer.param_groups for p in group["params"]]
         ids = get_param_id_to_sharded_param_map(model_sharded, model_params)
+        # A model that never stepped (the critic before its first PPO stage) saves zero moments
+        # at step 0, so every checkpoint holds, and every load asks for, the same keys.
+        stepped = [p for group in inner.optimizer.param_groups for p in group["params"]]
+        for index, param in enumerate(stepped):
+            if not optim["state"].get(index):
+                optim["state"][index] = {"exp_avg": torch.zeros_like(param), "exp_avg_sq": torch.zeros_like(param)}
         step = inner._extract_common_per_param_step(optim)
         optim_state_to_sharding_state(optim, ids, exclude_keys="step")
-        if step:
-            optim["state"]["common_step"] = step
+        optim["state"]["common_step"] = step if step is not None else torch.tensor(0.0)
         if masters is not None:
             by_param = {id(p): i for i, p in enumerate(model_params)}
             # A dict, not megatron's list of lists: dist_checkpointing's load does not merge
