@@ -51,7 +51,8 @@ def _step_line(m: dict[str, Any]) -> str:
     parts = [f"step {m['step']} {m['stage']}"]
     for key, fmt in (("reward_mean", "reward {:.3f}"), ("pass_rate", "pass {:.0%}"), ("sft_loss", "sft loss {:.4f}"),
                      ("value_loss", "value loss {:.4f}"), ("kl_to_reference", "kl {:.4f}"),
-                     ("clip_fraction", "clip {:.2f}"), ("tokens_per_second", "{:.0f} tok/s")):
+                     ("clip_fraction", "clip {:.2f}"), ("actor_grad_norm", "grad norm {:.3g}"),
+                     ("tokens_per_second", "{:.0f} tok/s")):
         value = m.get(key)
         if isinstance(value, (int, float)) and math.isfinite(value):
             parts.append(fmt.format(value))

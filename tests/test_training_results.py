@@ -200,7 +200,7 @@ def test_a_file_of_schema_version_1_reads_and_continues_with_the_columns_added_s
     assert math.isnan(rows[0]["optimizer_steps"]) and rows[1]["optimizer_steps"] == 4
     assert all(math.isnan(r["update_tokens"]) for r in rows)
     with h5py.File(path, "r") as f:
-        assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION == 3
+        assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION == 4
         assert f["train/steps/optimizer_steps"].shape == f["train/steps/update_tokens"].shape == (2,)
     with h5py.File(path, "a") as f:     # a current file without the column is malformed
         del f["train/steps/optimizer_steps"]
@@ -277,3 +277,26 @@ def test_analyze_of_malformed_training_data_is_one_error_line(tmp_path, capsys):
     assert analyze_main([str(path), "--out", str(tmp_path / "report")]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"error: results {path}: /train is not training data of schema version 1..{TRAIN_SCHEMA_VERSION}"]
+
+
+OPTIMIZER_COLUMNS = ("actor_grad_norm", "actor_update_ratio", "critic_grad_norm", "critic_update_ratio")
+
+
+def test_a_file_of_schema_version_3_reads_the_optimizer_columns_as_nan_and_gains_them(tmp_path):
+    """A run written before the optimizer's metrics (version 3): its rows read them as NaN; resumed,
+    the file gains the columns (NaN for the old rows, the new row's values) and version 4."""
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(1, "sft", 1, sft_loss=2.0))
+    with h5py.File(path, "a") as f:     # what a version-3 writer left
+        for column in OPTIMIZER_COLUMNS:
+            del f[f"train/steps/{column}"]
+        f["train"].attrs["schema_version"] = 3
+    assert all(math.isnan(read_steps(path)[0][c]) for c in OPTIMIZER_COLUMNS)
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(2, "sft", 2, actor_grad_norm=0.5, actor_update_ratio=1e-4))
+    rows = read_steps(path)
+    assert all(math.isnan(rows[0][c]) for c in OPTIMIZER_COLUMNS)
+    assert (rows[1]["actor_grad_norm"], rows[1]["actor_update_ratio"]) == (0.5, 1e-4)
+    with h5py.File(path, "r") as f:
+        assert f["train"].attrs["schema_version"] == 4

@@ -13,7 +13,9 @@ so a save killed half-way leaves the previous checkpoint as the one to resume fr
 
 The optimizer is any torch.optim optimizer whose per-parameter state is tensors shaped like
 the parameter plus a scalar `step` shared by all parameters (SGD, Adam, AdamW, ...): its state
-is sharded exactly like the parameters, so it reshards too.
+is sharded exactly like the parameters, so it reshards too. The trainer's optimizer
+(`hpc.policy.optimizer.ModelOptimizer`, megatron's) gives its own sharded state (moments, fp32
+master weights, step: `sharded_state_dict`), sharded like the parameters as well.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ import os
 import shutil
 from copy import deepcopy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hpc.errors import UserError
 from hpc.policy.config import PolicyModelConfig, config_dict, policy_config
+
+if TYPE_CHECKING:
+    from hpc.policy.optimizer import ModelOptimizer
 
 META = "hpc_policy.json"
 
@@ -87,12 +92,17 @@ def _optimizer_sharded(optimizer: torch.optim.Optimizer, model_sharded: dict, st
     return state
 
 
+def _is_megatron(optimizer: Any) -> bool:
+    """Whether `optimizer` shards its own state (the trainer's ModelOptimizer), not a torch.optim one."""
+    return optimizer is not None and hasattr(optimizer, "sharded_state_dict")
+
+
 def _state_keys(optimizer: torch.optim.Optimizer) -> list[str]:
     return sorted({k for s in optimizer.state.values() for k in s})
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None,
+                    optimizer: torch.optim.Optimizer | ModelOptimizer | None = None,
                     cfg: PolicyModelConfig | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Save model (+ optimizer) at `step` under ROOT; collective over all ranks.
 
@@ -110,7 +120,10 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
     torch.distributed.barrier()
     model_sharded = model.sharded_state_dict()
     state: dict[str, Any] = {"model": model_sharded, "step": step, "extra": extra or {}}
-    if optimizer is not None:
+    if _is_megatron(optimizer):
+        state["optimizer"] = optimizer.sharded_state_dict(model_sharded)
+        state["optimizer_state_keys"] = []
+    elif optimizer is not None:
         keys = _state_keys(optimizer)
         state["optimizer"] = _optimizer_sharded(optimizer, model_sharded, keys)
         state["optimizer_state_keys"] = keys
@@ -132,7 +145,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
 
 
 def load_checkpoint(root: str | os.PathLike, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None,
+                    optimizer: torch.optim.Optimizer | ModelOptimizer | None = None,
                     step: int | None = None) -> tuple[int, dict[str, Any]]:
     """Load ROOT's checkpoint at `step` (default: latest) into model (+ optimizer), whatever
     TP/PP layout saved it. Returns (step, extra). Collective over all ranks."""
@@ -147,14 +160,18 @@ def load_checkpoint(root: str | os.PathLike, model: torch.nn.Module,
         raise UserError(f"{directory}: saved without optimizer state")
     model_sharded = model.sharded_state_dict()
     request: dict[str, Any] = {"model": model_sharded}
-    if optimizer is not None:
+    if _is_megatron(optimizer):
+        request["optimizer"] = optimizer.sharded_state_dict(model_sharded, is_loading=True)
+    elif optimizer is not None:
         request["optimizer"] = _optimizer_sharded(optimizer, model_sharded, common["optimizer_state_keys"])
     loaded = dist_checkpointing.load(request, str(directory))
     missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
         raise UserError(f"{directory}: does not fit the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
-    if optimizer is not None:
+    if _is_megatron(optimizer):
+        optimizer.load_state_dict(loaded["optimizer"])
+    elif optimizer is not None:
         state = loaded["optimizer"]
         common_step = state.pop("common_step", None)
         if common_step is not None:

@@ -19,6 +19,13 @@ CUDA each of these raises. `apply()` redirects exactly those calls to the CPU:
   allocates its token counter with `device="cuda"`: while it runs, `torch.zeros` puts a
   tensor asked for on "cuda" on the CPU.
 
+megatron's DistributedDataParallel and optimizer (the trainer's, `hpc.policy.optimizer`) need
+two more, and only while they build and step: `megatron_on_cpu()` is a TorchFunctionMode under
+which a tensor asked for on "cuda" (`device="cuda"`: the optimizer's and clip_grads' scratch
+tensors) is made on the CPU, and `Tensor.type()` names a CPU tensor's CUDA type
+('torch.cuda.FloatTensor': the mixed-precision optimizer sorts parameters by that name and
+clip_grads asserts it). It is a no-op unless `apply()` is in force.
+
 On a machine with CUDA `apply()` changes nothing. `init_parallel` applies it and `teardown`
 removes it (`restore()`), so the rest of a process (other tests, the evaluator) sees torch as
 it was. What it does not cover (megatron's pipeline schedules, DDP and distributed optimizer,
@@ -28,11 +35,13 @@ policy code keeps away from those on CPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 # (owner, attribute) -> the original, while the patches are in force.
 _originals: dict[tuple[Any, str], Any] = {}
@@ -89,6 +98,24 @@ def restore() -> None:
     while _originals:
         (owner, name), value = _originals.popitem()
         setattr(owner, name, value)
+
+
+def megatron_on_cpu() -> contextlib.AbstractContextManager:
+    """While megatron's DDP and optimizer build, step or save: "cuda" allocations on the CPU and
+    CUDA type names for CPU tensors (`_CudaOnCpu`); nothing when `apply()` is not in force."""
+    return _CudaOnCpu() if _originals else contextlib.nullcontext()
+
+
+class _CudaOnCpu(TorchFunctionMode):
+    """`device="cuda"` -> the CPU; `tensor.type()` (no argument) -> 'torch.cuda.<Type>Tensor'."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
 
 
 def _current_device() -> str:

@@ -72,6 +72,10 @@ def transformer_config(cfg: PolicyModelConfig, whole: bool = False) -> Transform
     # the schedule sends each activation's shape ahead of it. Set after construction, whose check
     # of the flag concerns MoE token dispatchers only (it refuses the default one, unused here).
     config.variable_seq_lengths = True
+    # The trainer's losses are token sums over the step's token count on every data-parallel rank
+    # (`hpc.rl.staged.train_pass`): megatron's DDP then sums the ranks' gradients rather than
+    # averaging them (`hpc.policy.optimizer`). Nothing else here reads the flag.
+    config.calculate_per_token_loss = True
     return config
 
 

@@ -31,7 +31,7 @@ from hpc.results.hdf5 import (AppendingFile, ResultWriter, append_rows, column_d
 TRAIN_GROUP = "train"
 STEPS = "steps"
 TRAJECTORIES = "trajectories"
-TRAIN_SCHEMA_VERSION = 3
+TRAIN_SCHEMA_VERSION = 4
 
 # One step row, in column order. Floats are NaN where a stage does not measure them (no KL in SFT).
 STEP_FIELDS: dict[str, type] = {
@@ -43,14 +43,16 @@ STEP_FIELDS: dict[str, type] = {
         "kl_to_reference", "entropy", "clip_fraction", "approx_kl", "policy_loss", "value_loss", "sft_loss",
         "explained_variance", "advantage_mean", "response_length_mean", "response_clipped_ratio",
         "malformed_rate", "turns_mean", "tokens_per_second", "generation_s", "reward_s", "update_s", "step_s",
-        "samples_kept", "optimizer_steps", "update_tokens")},
+        "samples_kept", "optimizer_steps", "update_tokens", "actor_grad_norm", "actor_update_ratio",
+        "critic_grad_norm", "critic_update_ratio")},
     "samples": int,                 # trajectories (or sequences) the step learned from
     "timestamp": float,             # Unix time; the time of writing when not given
 }
 REQUIRED = tuple(name for name, tp in STEP_FIELDS.items() if tp is not float)
 # Step columns newer than schema version 1: an older file reads them as NaN, and its next writer
 # adds them (NaN for the rows already there) and marks the file with the current version.
-STEP_ADDED_IN = {"optimizer_steps": 2, "update_tokens": 3}
+STEP_ADDED_IN = {"optimizer_steps": 2, "update_tokens": 3, "actor_grad_norm": 4, "actor_update_ratio": 4,
+                 "critic_grad_norm": 4, "critic_update_ratio": 4}
 TRAJECTORY_FIELDS: dict[str, type] = {"step": int, "stage": str, "task_id": str, "reward": float,
                                       "end_reason": str, "data": str}
 TRAJECTORY_KEYS = ("task_id", "reward", "end_reason")   # every trajectory dict has these (and data is all of it)

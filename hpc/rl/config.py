@@ -1,7 +1,8 @@
 """The RL algorithm's settings: a dataclass loaded from YAML, errors naming the key.
 
 Defaults are CUDA Agent's (arXiv 2602.24286): PPO with a critic, GAE gamma 1 and lambda 0.95,
-asymmetric clipping 0.2 / 0.28, actor learning rate 3e-6, critic 6e-6. One rollout batch is one
+asymmetric clipping 0.2 / 0.28, actor learning rate 3e-6, critic 6e-6, gradients clipped to a global
+norm of 1.0 (as verl and OpenRLHF). One rollout batch is one
 optimizer step unless `ppo_epochs` / `minibatches` say otherwise (hpc.rl.update.ppo_epochs).
 """
 
@@ -31,6 +32,7 @@ class RLConfig:
     entropy_coef: float = 0.0
     actor_lr: float = 3e-6
     critic_lr: float = 6e-6
+    clip_grad: float = 1.0          # max global grad norm of each optimizer step (verl, OpenRLHF); 0: no clipping
     whiten_advantages: bool = True  # ppo: GAE advantages to zero mean, unit variance over the batch (as verl)
     group_size: int = 8             # samples per task (GRPO's group)
     grpo_scale: bool = True         # divide by the group's std
@@ -45,7 +47,7 @@ class RLConfig:
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise UserError(f"config rl.{key}: must be in [0, 1], got {getattr(self, key)}")
-        for key in ("clip_low", "clip_high", "value_clip", "kl_coef", "entropy_coef"):
+        for key in ("clip_low", "clip_high", "value_clip", "kl_coef", "entropy_coef", "clip_grad"):
             if getattr(self, key) < 0:
                 raise UserError(f"config rl.{key}: must be >= 0, got {getattr(self, key)}")
         if self.clip_low >= 1.0:

@@ -4,8 +4,10 @@ A training pass runs megatron's non-interleaved 1F1B schedule (`get_forward_back
 the batch's rows split into microbatches, each cut to its own longest row (the schedule sends
 each activation's shape ahead of it); the first stage embeds, activations and their gradients
 go stage to stage, and the last stage applies the head (log-probs, values) and the loss. A
-microbatch's loss is its share of the whole batch's token-mean (its own masked mean times its
-share of the batch's generated tokens), so the gradients add up to those of the one-stage step.
+microbatch's loss is its share of the step's token-mean (its own masked mean times its share
+of the generated tokens of the step, over every data-parallel rank: `global_tokens`), so the
+gradients add up to those of the one-stage step, and over data-parallel ranks (summed by
+megatron's DDP) to those of one rank holding every rank's rows.
 A tied embedding's two copies (first and last stage) then sum their gradients over the
 embedding group, as megatron's finalize_model_grads does, and stay equal.
 
@@ -115,23 +117,40 @@ def microbatch_rows(rows: int, microbatches: int) -> list[torch.Tensor]:
     return list(torch.arange(rows).tensor_split(max(1, min(microbatches, rows))))
 
 
+def global_tokens(mask: torch.Tensor) -> float:
+    """The generated tokens of a step over every data-parallel rank (`mask`: this rank's
+    [B, T-1] action mask; its own sum when alone), at least 1."""
+    from megatron.core import parallel_state as ps
+
+    count = mask.sum().float()
+    if ps.model_parallel_is_initialized() and ps.get_data_parallel_world_size() > 1:
+        count = count.reshape(1).clone()
+        torch.distributed.all_reduce(count, group=ps.get_data_parallel_group())
+    return max(float(count.sum()), 1.0)
+
+
 def train_pass(model: torch.nn.Module, batch: RolloutBatch, outputs: Outputs,
                loss: Callable[[PerToken, Cut], torch.Tensor], microbatches: int = 1) -> PerToken:
     """Accumulate the gradients of `loss` (a token-mean over the rows it is given, the batch's
     [B, T-1] tensors cut by its second argument) on `batch` into `model`'s parameters, in
     `microbatches` parts across pipeline stages (ignored at one stage); returns the detached
-    `outputs` of the whole batch on every rank (zero where a microbatch's width ends)."""
+    `outputs` of the whole batch on every rank (zero where a microbatch's width ends).
+
+    The loss is weighed by this rank's share of the step's tokens over all data-parallel ranks
+    (`global_tokens`), so the ranks' gradients sum (megatron's DDP) to those of the token mean
+    over every rank's batch. Alone, the share is exactly 1: the plain token mean."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from hpc.policy.model import forward_mask, position_ids
 
+    total = global_tokens(batch.action_mask)
     if pipeline_size() == 1:
         out = outputs.whole(model, batch)
-        loss(out, lambda x: x).backward()
+        share = max(float(batch.action_mask.sum()), 1.0) / total
+        (loss(out, lambda x: x) * share).backward()
         return tuple(None if x is None else x.detach() for x in out)
     parts = microbatch_rows(len(batch), microbatches)
-    total = max(float(batch.action_mask.sum()), 1.0)
     width = batch.action_mask.shape[1]
     collected: list[tuple[torch.Tensor, PerToken]] = []
 
@@ -177,6 +196,9 @@ def _sum_tied_embedding_grads(model: torch.nn.Module) -> None:
     if not getattr(model, "share_embeddings_and_output_weights", False) or not ps.is_rank_in_embedding_group():
         return
     weight = model.shared_embedding_or_output_weight()
+    if hasattr(weight, "main_grad"):      # under megatron's DDP the gradient is in its fp32 bucket
+        torch.distributed.all_reduce(weight.main_grad, group=ps.get_embedding_group())
+        return
     if weight.grad is None:
         weight.grad = torch.zeros_like(weight)
     torch.distributed.all_reduce(weight.grad, group=ps.get_embedding_group())

@@ -2,8 +2,10 @@
 
 One `Trainer` per trainer process. It owns the policy and the critic (megatron-core models,
 tensor-parallel over its TP group and pipelined over its PP group, data-parallel over the rest),
-their optimizers, and an evaluation backend that scores episodes (in this process's sandboxed
-workers, or on the MPI reward pool). Every global step is one of: an SFT step, an RL step
+their optimizers (megatron's DDP and mixed-precision Adam with fp32 master weights, gradients
+clipped to `rl.clip_grad`, losses a token mean over every data-parallel rank: docs/rl.md), and
+an evaluation backend that scores episodes (in this process's sandboxed workers, or on the MPI
+reward pool). Every global step is one of: an SFT step, an RL step
 (sample episodes, score them, update), a rejection-sampling round, a value-pretraining step, or
 a measurement.
 
@@ -48,6 +50,7 @@ from hpc.errors import UserError
 from hpc.policy.chat import ChatFormat, chat_format
 from hpc.policy.generate import SamplingParams
 from hpc.policy.model import load_stages
+from hpc.policy.optimizer import ModelOptimizer
 from hpc.policy.tokenizer import Tokenizer, load_tokenizer, train_bpe
 from hpc.rl.batch import RolloutBatch, pack
 from hpc.rl.demonstrations import Demonstration, demonstrations
@@ -146,7 +149,8 @@ def load_policy(ckpt: PolicyCheckpoint) -> ServedPolicy:
 
 
 class DataParallel:
-    """Gradient averaging and metric gathering over the data-parallel group (a no-op alone)."""
+    """Metric and sample gathering over the data-parallel group (a no-op alone). Gradients are
+    reduced by megatron's DDP inside the optimizers (`hpc.policy.optimizer`)."""
 
     def __init__(self) -> None:
         from megatron.core import parallel_state as ps
@@ -155,41 +159,12 @@ class DataParallel:
         self.size = ps.get_data_parallel_world_size()
         self.rank = ps.get_data_parallel_rank()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.size > 1:
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        torch.distributed.all_reduce(p.grad, group=self.group)
-                        p.grad /= self.size
-
     def gather(self, items: list) -> list:
         if self.size == 1:
             return items
         out: list = [None] * self.size
         torch.distributed.all_gather_object(out, items, group=self.group)
         return [x for part in out for x in part]
-
-
-class _Averaged(torch.optim.Optimizer):
-    """An optimizer whose step first averages gradients over data-parallel ranks."""
-
-    def __init__(self, inner: torch.optim.Optimizer, dp: DataParallel):
-        self.inner, self.dp = inner, dp
-        self.param_groups, self.state, self.defaults = inner.param_groups, inner.state, inner.defaults
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
-
-    def step(self, closure: Callable | None = None):
-        self.dp.step(self.inner)
-        return self.inner.step(closure)
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.inner.load_state_dict(state_dict)
 
 
 class Trainer:
@@ -220,7 +195,7 @@ class Trainer:
     # -- set-up -----------------------------------------------------------------------------
     def _check_minibatches(self) -> None:
         """Every trainer rank takes the same ppo_epochs x minibatches optimizer steps per RL step
-        (their gradients are averaged at each): so each rank's share of a step's episodes must
+        (their gradients are summed at each): so each rank's share of a step's episodes must
         split into rl.minibatches parts. Said here, not at the first RL step."""
         tasks = max(1, min(self.cfg.rollout.tasks_per_step, len(self.tasks)) // self.dp.size)
         for stage in self.cfg.stages:
@@ -279,10 +254,8 @@ class Trainer:
         if init is not None:
             state = model.critic_state_from_policy(self.policy.state_dict())
             self.critic.load_state_dict(state, strict=False)
-        self.actor_opt = _Averaged(torch.optim.AdamW(self.policy.parameters(), lr=cfg.rl.actor_lr,
-                                                     weight_decay=0.0), self.dp)
-        self.critic_opt = _Averaged(torch.optim.AdamW(self.critic.parameters(), lr=cfg.rl.critic_lr,
-                                                      weight_decay=0.0), self.dp)
+        self.actor_opt = ModelOptimizer(self.policy, cfg.rl.actor_lr, cfg.rl.clip_grad)
+        self.critic_opt = ModelOptimizer(self.critic, cfg.rl.critic_lr, cfg.rl.clip_grad)
         pipeline = self.layout.pp_size
         self.microbatches = mcfg.parallel.microbatches or pipeline
         self.replica = model.build_replica(mcfg).to(self.device) if pipeline > 1 else None
@@ -309,8 +282,8 @@ class Trainer:
         step = latest_step(self.checkpoint_root / "policy")
         if step is None:
             return
-        load_checkpoint(self.checkpoint_root / "policy", self.policy, self.actor_opt.inner, step)
-        load_checkpoint(self.checkpoint_root / "critic", self.critic, self.critic_opt.inner, step)
+        load_checkpoint(self.checkpoint_root / "policy", self.policy, self.actor_opt, step)
+        load_checkpoint(self.checkpoint_root / "critic", self.critic, self.critic_opt, step)
         state = json.loads((self.checkpoint_root / f"{STATE_FILE}.{step}").read_text())
         self.position = Position(**state["position"])
         rft = self.checkpoint_root / f"rft.{step}.pt"
@@ -331,8 +304,8 @@ class Trainer:
 
         step = self.position.step
         root = self.checkpoint_root
-        save_checkpoint(root / "policy", step, self.policy, self.actor_opt.inner, self.model_cfg)
-        save_checkpoint(root / "critic", step, self.critic, self.critic_opt.inner, self.model_cfg)
+        save_checkpoint(root / "policy", step, self.policy, self.actor_opt, self.model_cfg)
+        save_checkpoint(root / "critic", step, self.critic, self.critic_opt, self.model_cfg)
         if self.reference is not None:
             save_checkpoint(root / "reference", step, self.reference, None, self.model_cfg)
         if self.is_writer:
@@ -441,17 +414,19 @@ class Trainer:
         batch = pack([r[0] for r in rows], [r[1] for r in rows], [[0.0] * len(r[0]) for r in rows],
                      [0.0] * len(rows), self.tokenizer.pad_id, self.device)
         t0 = time.monotonic()
-        loss = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size, self.microbatches)
+        loss, opt = sft_step(self.policy, self.actor_opt, batch, self.model_cfg.vocab_size, self.microbatches)
         return {"sft_loss": loss, "update_s": time.monotonic() - t0, "samples": len(rows), "optimizer_steps": 1,
-                "update_tokens": _tokens(batch)}
+                "update_tokens": _tokens(batch), "actor_grad_norm": opt.grad_norm,
+                "actor_update_ratio": opt.update_ratio}
 
     def _value(self, stage: StageConfig) -> dict[str, Any]:
         rows = self._minibatch(self.rft_samples, stage.batch_size, 2)
         batch = _batch(rows, self.tokenizer.pad_id, self.device)
         t0 = time.monotonic()
-        loss, ev = value_step(self.critic, self.critic_opt, batch, self.microbatches)
+        loss, ev, opt = value_step(self.critic, self.critic_opt, batch, self.microbatches)
         return {"value_loss": loss, "explained_variance": ev, "update_s": time.monotonic() - t0,
-                "samples": len(rows), "optimizer_steps": 1}
+                "samples": len(rows), "optimizer_steps": 1, "critic_grad_norm": opt.grad_norm,
+                "critic_update_ratio": opt.update_ratio}
 
     # -- sampling and RL ----------------------------------------------------------------------
     def _step_tasks(self) -> list[Task]:

@@ -2,7 +2,9 @@
 
 PPO with a critic (the paper's): the critic's values at the generated targets, GAE over them
 with the outcome reward on the last generated token, the clipped policy loss and the value loss,
-each model stepping its own optimizer. GRPO: the group-normalized reward as every generated
+each model stepping its own optimizer (the trainer's: `hpc.policy.optimizer.ModelOptimizer`, whose
+steps also report the gradient norm and the update-to-weight ratio; a plain torch optimizer
+reports NaN for those). GRPO: the group-normalized reward as every generated
 token's advantage, no critic. Both add the KL to a reference policy's log-probs when `kl_coef`
 > 0, and an entropy bonus when `entropy_coef` > 0. The statistics come back for the metrics.
 
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from hpc.policy.optimizer import NOT_MEASURED, step_stats
 from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_token_rewards, masked_mean,
                                masked_whiten)
 from hpc.rl.batch import RolloutBatch
@@ -40,6 +43,10 @@ class UpdateStats:
     explained_variance: float
     advantage_mean: float
     reward_mean: float
+    actor_grad_norm: float = math.nan       # before clipping (`hpc.policy.optimizer.StepStats`)
+    actor_update_ratio: float = math.nan    # ||w_after - w_before|| / ||w_before||, fp32 masters
+    critic_grad_norm: float = math.nan
+    critic_update_ratio: float = math.nan
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -110,11 +117,11 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
     actor_opt.zero_grad(set_to_none=True)
     logp, entropy = train_pass(policy, batch, policy_outputs(vocab_size, entropy=True),
                                lambda out, cut: actor_loss(out, cut)[0], microbatches)
-    actor_opt.step()
+    actor = step_stats(actor_opt)
     with torch.no_grad():    # of the whole batch, the same on every rank
         loss, pstats, kl = actor_loss((logp, entropy), lambda x: x)
 
-    vloss, ev = torch.zeros(()), float("nan")
+    vloss, ev, critic_step = torch.zeros(()), float("nan"), NOT_MEASURED
     if cfg.algorithm == "ppo":
         if critic_opt is None:
             raise ValueError("ppo needs the critic's optimizer")
@@ -123,7 +130,7 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
         critic_loss = lambda out, cut: value_loss(out[0], cut(old_values), cut(returns), cut(mask),  # noqa: E731
                                                   cfg.value_clip)
         values = train_pass(critic, batch, critic_outputs(), critic_loss, microbatches)
-        critic_opt.step()
+        critic_step = step_stats(critic_opt)
         vloss = critic_loss(values, lambda x: x)
         ev = explained_variance(old_values, returns, mask)
     with torch.no_grad():
@@ -132,7 +139,9 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
                        clip_fraction=pstats.clip_fraction, approx_kl=pstats.approx_kl,
                        kl_to_reference=float(kl), entropy=ent,
                        explained_variance=ev, advantage_mean=float(masked_mean(adv, mask)),
-                       reward_mean=float(batch.rewards.mean()))
+                       reward_mean=float(batch.rewards.mean()),
+                       actor_grad_norm=actor.grad_norm, actor_update_ratio=actor.update_ratio,
+                       critic_grad_norm=critic_step.grad_norm, critic_update_ratio=critic_step.update_ratio)
 
 
 def minibatch_rows(n: int, minibatches: int, rng: random.Random) -> list[list[int]]:
