@@ -129,7 +129,11 @@ TRAINING_PANELS = (
     ("mean response length (tokens)", ("response_length_mean",), RL, None),
     ("value loss (RL)", ("value_loss",), RL, None),
     ("seconds per step", ("generation_s", "reward_s", "update_s"), RL, None),
+    ("gradient norm before clipping: actor / critic", ("actor_grad_norm", "critic_grad_norm"), RL, None),
+    ("update / weight norm: actor / critic", ("actor_update_ratio", "critic_update_ratio"), RL, None),
 )
+LOG_PANELS = {"actor_grad_norm", "actor_update_ratio"}   # first series of a panel on a log axis: the
+# actor's and the critic's figures lie orders of magnitude apart
 STYLES = ("-", "--", ":")
 BANDS = {"reward_mean": lambda r: r["reward_std"] / math.sqrt(max(r["samples"], 1)),
          "pass_rate": lambda r: math.sqrt(max(r["pass_rate"] * (1 - r["pass_rate"]), 0.0) / max(r["samples"], 1))}
@@ -199,8 +203,11 @@ def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
     """Training curves, one colour per run, a small panel per metric: the supervised losses against
     their own steps, everything measured on sampled episodes against RL steps only; dotted verticals
     mark where a stage begins. A metric never measured says so."""
-    fig = Figure(figsize=(15, 12))
-    axes = fig.subplots(4, 3).flatten()
+    lines = -(-len(TRAINING_PANELS) // 3)
+    fig = Figure(figsize=(15, 3 * lines))
+    axes = fig.subplots(lines, 3).flatten()
+    for ax in axes[len(TRAINING_PANELS):]:
+        ax.set_visible(False)
     first_rl = next(i for i, panel in enumerate(TRAINING_PANELS) if panel[2] == RL)
     for i, (ax, (title, keys, axis, limits)) in enumerate(zip(axes, TRAINING_PANELS)):
         runs_rows = [_axis_rows(steps, axis) for _, steps in runs]
@@ -215,6 +222,8 @@ def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
         ax.grid(alpha=0.3)
         if limits is not None:
             ax.set_ylim(*limits)
+        if keys[0] in LOG_PANELS and drawn:
+            ax.set_yscale("log", nonpositive="mask")
         if not drawn:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="gray")
         elif len(keys) > 1:
@@ -222,5 +231,5 @@ def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
                       fontsize="x-small", loc="lower right")
     fig.legend([Line2D([], [], color=f"C{k % 10}") for k in range(len(runs))], [label for label, _ in runs],
                loc="upper center", ncol=min(len(runs), 6), fontsize="small")
-    fig.subplots_adjust(top=0.94, hspace=0.45, wspace=0.22)
+    fig.subplots_adjust(top=1 - 0.24 / lines, hspace=0.45, wspace=0.22)
     return _save(fig, path)
