@@ -282,3 +282,27 @@ def test_a_full_disk_is_one_clear_error_and_the_file_resumes_once_space_is_freed
         assert got[:len(written)] == written and len(got) <= len(written) + 1
         store.writer.append(rec("after", 10))
     assert ids(path)[-1] == "after"
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    where = tmp_path / "ro"
+    _mount_tmpfs(where, "64k", "ro")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["eval-suite", "jobs/evaluate.py"])
+def test_a_read_only_out_is_one_error_line_and_exit_2(read_only, command):
+    tasks, solutions = ROOT / "kernels" / "tasks", ROOT / "kernels" / "solutions"
+    if command == "eval-suite":
+        cmd = [sys.executable, "-m", "hpc.cli", "eval-suite", str(tasks), str(solutions), "--only", "level1/01",
+               "--out", str(read_only / "r.h5")]
+    else:
+        cmd = [sys.executable, "jobs/evaluate.py", str(tasks), str(solutions), "--only", "level1/01", "--out",
+               str(read_only / "run"), "--executor", "local"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and "read-only file system" in lines[0].lower(), lines
