@@ -87,6 +87,7 @@ class AppendingFile:
         self.path = Path(path)
         self.failed = False
         self._journal: Journal | None = None
+        self._columns: dict[str, dict[str, tuple[h5py.Dataset, str, np.dtype]]] = {}
         self._lock = _writer_lock(self.path)
         try:
             self._journal, action = _reconcile(self.path)
@@ -120,10 +121,13 @@ class AppendingFile:
         before anything is written."""
         n = int(group.attrs["count"])
         k = len(next(iter(columns.values())))
-        cells = {name: _cells(name, group[name].dtype, values) for name, values in columns.items()}
+        info = self._columns.get(group.name)
+        if info is None:   # looked up once per table: h5py's lookups cost more than the write
+            info = self._columns[group.name] = _column_info(group)
+        cells = {name: _cells(name, info[name][1], info[name][2], values) for name, values in columns.items()}
         with self._writing():
             self._journal.append({"op": "rows", "table": group.name, "at": n, "n": k, "columns": cells})
-            _write_rows(group, n, k, cells)
+            _write_rows(group, info, n, k, cells)
             self.file.flush()
 
     def truncate_rows(self, group: h5py.Group, keep: int) -> None:
@@ -255,10 +259,14 @@ def _kind(dtype: np.dtype) -> str:
     return "int" if np.issubdtype(dtype, np.integer) else "float"
 
 
-def _cells(name: str, dtype: np.dtype, values) -> list:
+def _column_info(group: h5py.Group) -> dict[str, tuple[h5py.Dataset, str, np.dtype]]:
+    """A table's columns: each one's dataset, kind and dtype."""
+    return {name: (ds, _kind(ds.dtype), ds.dtype) for name, ds in group.items()}
+
+
+def _cells(name: str, kind: str, dtype: np.dtype, values) -> list:
     """A column's values as JSON's types, converted as HDF5 would store them; ValueError for text
     that HDF5 refuses (a journaled row must be writable when the file is rebuilt)."""
-    kind = _kind(dtype)
     if kind == "floats":
         return [np.asarray(v, dtype=np.float64).tolist() for v in values]
     if kind == "str":
@@ -275,16 +283,17 @@ def _cells(name: str, dtype: np.dtype, values) -> list:
     return data.tolist()
 
 
-def _write_rows(group: h5py.Group, at: int, n: int, cells: dict[str, list]) -> None:
+def _write_rows(group: h5py.Group, info: dict[str, tuple[h5py.Dataset, str, np.dtype]], at: int, n: int,
+                cells: dict[str, list]) -> None:
     for name, values in cells.items():
-        ds = group[name]
+        ds, kind, dtype = info[name]
         if ds.shape[0] < at + n:
             ds.resize((at + n,))
-        if _kind(ds.dtype) == "floats":   # row by row: h5py reads equal lengths as 2-D
+        if kind == "floats":   # row by row: h5py reads equal lengths as 2-D
             for i, value in enumerate(values):
                 ds[at + i] = np.asarray(value, dtype=np.float64)
         else:
-            data = np.empty(n, dtype=ds.dtype)
+            data = np.empty(n, dtype=dtype)
             data[:] = values
             ds[at:at + n] = data
     group.attrs["count"] = at + n
@@ -333,7 +342,8 @@ def _replay(entries: list[dict], out: h5py.File) -> None:
                         if kind == "float" and n:
                             ds[:] = np.full(n, np.nan)
         elif op == "rows":
-            _write_rows(out[entry["table"]], entry["at"], entry["n"], entry["columns"])
+            table = out[entry["table"]]
+            _write_rows(table, _column_info(table), entry["at"], entry["n"], entry["columns"])
         elif op == "cut":
             _cut(out[entry["table"]], entry["keep"])
 
@@ -459,7 +469,8 @@ def _snapshot(path: Path) -> list[dict]:
                 columns, n = complete_rows(group)
                 if n:
                     entries.append({"op": "rows", "table": group.name, "at": 0, "n": n,
-                                    "columns": {c: _cells(c, group[c].dtype, v) for c, v in columns.items()}})
+                                    "columns": {c: _cells(c, _kind(group[c].dtype), group[c].dtype, v)
+                                                for c, v in columns.items()}})
         except OSError as e:
             raise damaged(e) from None
     if dirty:
