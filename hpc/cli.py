@@ -8,6 +8,7 @@
         [--backend ...] [--scale ...] [--workers N]
     hpc serve --checkpoint ROOT [--step N] | --hf DIR [--tokenizer byte|DIR] [--chat-format auto|chatml|llama3|plain]
         [--host H] [--port P] [--model-name NAME] [--api-key-env VAR] [--dtype auto|fp32|bf16]
+    hpc repair RESULTS.h5
 
 Every command takes -v/--verbose (debug lines too) or -q/--quiet (warnings and errors only): the
 results (tables, JSON) go to stdout, everything else to stderr (hpc/logs.py).
@@ -98,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve the policy over OpenAI's chat-completions protocol (docs/agent.md)")
     serve.add_arguments(srv)
-    for command in (one, suite, imp, syn, srv):
+    rep = sub.add_parser("repair", help="bring a results file back to the rows its journal holds (after a crash "
+                                        "or a full disk)")
+    rep.add_argument("results", type=_path, help="the HDF5 results file")
+    for command in (one, suite, imp, syn, srv, rep):
         add_logging_args(command)
     return parser
 
@@ -145,6 +149,11 @@ def _run(args) -> int:
         return _import_kernelbench(args)
     if args.command == "synthesize":
         return _synthesize(args)
+    if args.command == "repair":
+        from hpc.results.hdf5 import repair
+
+        print(repair(args.results))
+        return 0
     if args.command == "serve":
         from hpc.policy.serve import config_from_args, serve
 
@@ -212,13 +221,8 @@ def _results(args, cfg) -> Iterator[object]:
     from hpc.config import config_to_dict
     from hpc.results.hdf5 import RecordStore, provenance
 
-    what = f"--out {shown(args.out)}"
-    _not_special(args.out, what)
-    try:
-        store = RecordStore(args.out, provenance(config_to_dict(cfg)))
-    except OSError as e:   # its folder cannot be made, or its lock file written
-        raise UserError(f"{what}: cannot write ({e.strerror or e})") from None
-    with store:
+    _not_special(args.out, f"--out {shown(args.out)}")
+    with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:
         yield store
 
 

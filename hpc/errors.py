@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -94,4 +95,18 @@ def check_out_folder(path: str | os.PathLike, option: str = "--out") -> Path:
                 where = "exists and" if folder == path else f"{folder}"
                 raise UserError(f"{option} {path}: {where} is not a folder")
             break
+    return path
+
+
+def writable_folder(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A run folder, made if missing and known to take new files: a read-only one (or file system)
+    is refused here in one line, before any work, not as a traceback deep inside the run."""
+    path = check_out_folder(path, option)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{option} {shown(path)}: cannot write ({e.strerror or e})") from None
     return path

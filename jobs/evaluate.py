@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
-from hpc.errors import UserError, check_out_folder  # noqa: E402
+from hpc.errors import UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard is not None and not 0 <= args.shard < args.shards:
             raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = _config(args)
-        out = check_out_folder(args.out).resolve()
+        out = writable_folder(args.out).resolve()
         tasks = _tasks(args.tasks, args.only)
         if args.policy is None:
             policy, items = None, work_items(tasks, args.candidates, out)
@@ -194,10 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         log.error("error: %s", e)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
     shard_job, extra = (EvaluateShard(), ()) if policy is None else (EvaluatePolicyShard(), (policy,))
     if args.shard is not None:
-        summary = shard_job(args.shard, args.shards, items, str(out), cfg, *extra)
+        try:
+            summary = shard_job(args.shard, args.shards, items, str(out), cfg, *extra)
+        except UserError as e:   # its results file: damaged without a journal, or unwritable (a full disk)
+            log.error("error: %s", e)
+            return 2
         log.info("evaluate: shard %d of %d done (%d evaluated, %d already recorded) in %s", args.shard, args.shards,
                  summary["evaluated"], summary["skipped"], summary["file"])
         return 0

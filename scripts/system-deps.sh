@@ -5,6 +5,8 @@
 set -euo pipefail
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
+# the results files' kill-point sweep (tests/test_results_journal.py) injects SIGKILL through strace
+command -v strace >/dev/null || missing+=(strace)
 command -v mpirun >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
 ls /usr/lib/*/libpmix.so.2 >/dev/null 2>&1 || missing+=(libpmix2)
 # a real single-node Slurm for the tests and the templates (scripts/local-slurm.sh)

@@ -141,3 +141,25 @@ def test_a_worker_rank_takes_the_gpus_after_the_ones_trainers_use():
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split() == ["6", "6"], out.stdout + out.stderr
+
+
+def test_a_damaged_results_file_is_refused_in_one_line_and_every_rank_exits(tmp_path):
+    """A results file cut short, with no journal to rebuild it from: rank 0 says so in one line and
+    stops the worker ranks (no traceback, no MPI_ABORT), before any evaluation."""
+    from hpc.results.hdf5 import ResultWriter
+    from hpc.results.journal import journal_path
+    from hpc.results.record import EvalRecord
+
+    tasks, solutions = _suite(tmp_path, 1)
+    out = tmp_path / "pool.h5"
+    with ResultWriter(out) as w:
+        for k in range(20):
+            w.append(EvalRecord(task_id=f"level1/t{k}", reason="x" * 200))
+    journal_path(out).unlink()
+    out.write_bytes(out.read_bytes()[: out.stat().st_size // 2])
+    proc = _pool(2, tasks, solutions, out, tmp_path / "cache")
+    log = _finish(proc, timeout=300)
+    errors = [line for line in log.splitlines() if line.startswith("error")]   # rank 0's exit code: mpirun
+    assert len(errors) == 1, log                                                # --enable-recovery drops it
+    assert errors[0].startswith(f"error: results {out}: damaged, and no journal to rebuild it from"), log
+    assert "Traceback" not in log and "MPI_ABORT" not in log, log

@@ -68,9 +68,6 @@ def coordinate(comm, args, cfg) -> int:
     from hpc.suite import evaluate_entry, one_line, suite_entries, find_candidate
     from hpc.task import discover_tasks, select_tasks
 
-    tasks = select_tasks(discover_tasks(args.tasks), args.only, args.tasks)
-    entries = suite_entries([(t, find_candidate(t, Path(args.candidates))) for t in tasks], args.candidates)
-    items = [Item(e.record_key(), e) for e in entries]
     pool = Coordinator(comm, list(range(1, comm.Get_size())), args.dead_after, args.retries)
     answered: dict[str, tuple[int, float]] = {}   # task id -> (worker rank, seconds)
 
@@ -99,15 +96,28 @@ def coordinate(comm, args, cfg) -> int:
         rank, seconds = answered.get(rec.task_id, (0, 0.0))
         return one_line(f"{rec.task_id} (rank {rank}, {seconds:.1f} s): {state}")
 
-    with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:
-        run_items(items, on_the_pool, store, describe=describe, label="pool")
+    code = 0
+    try:
+        tasks = select_tasks(discover_tasks(args.tasks), args.only, args.tasks)
+        entries = suite_entries([(t, find_candidate(t, Path(args.candidates))) for t in tasks], args.candidates)
+        items = [Item(e.record_key(), e) for e in entries]
+        with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:   # a damaged file repaired or refused
+            run_items(items, on_the_pool, store, describe=describe, label="pool")
+    except UserError as e:   # said once, on this rank; the worker ranks are stopped below, not aborted
+        log.error("error: %s", e)
+        code = 2
     clean = pool.close()
     log.info("pool: %s", pool.usage_line())
     for rank, reason in sorted(pool.dead.items()):
         log.warning("pool: lost %s", reason)
     if not clean:   # MPI_Finalize would wait for the lost ranks
-        exit_now(0 if pool.live else 3)
-    return 0
+        exit_now(code or (0 if pool.live else 3))
+    if code:   # a non-zero exit through mpi4py would be an MPI_ABORT: finalize with the stopped workers first
+        from mpi4py import MPI
+
+        MPI.Finalize()
+        exit_now(code)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

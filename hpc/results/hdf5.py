@@ -3,28 +3,40 @@
 Layout: group /records holds one resizable 1-D dataset per EvalRecord field (columnar, so an
 analysis job reads a column without touching the rest) and the attribute `count`, the number of
 complete records. Appending extends every column, writes the row, then bumps `count` and
-flushes: a reader trusts only the first `count` rows, so a crash mid-append leaves every
-finished record readable. The file is opened with the latest format in SWMR mode, so a live
-reader (`h5py.File(path, "r", swmr=True)`) can follow a running evaluation.
+flushes: a reader trusts only the first `count` rows. The file is opened with the latest format
+in SWMR mode, so a live reader can follow a running evaluation (results/SCHEMA.md says how).
 
 Training metrics (hpc.results.training) are tables of the same kind (a group of columns and a
-`count`) and may share the file: the writers below (AppendingFile) and the readers (read_retrying)
-serve every table. A writer holds an advisory lock (`.NAME.lock` beside the file) for its
-lifetime: a second writer, of any table, is refused while the first lives, and one that finds the
-file still marked open by a writer that no longer holds the lock (killed: SIGKILL, node loss)
-recovers it: the complete rows of every table and all attributes are copied to a fresh file that
-replaces it, and appending continues.
+`count`) and may share the file: the writer below (AppendingFile: its append_rows and
+truncate_rows) and the readers (read_retrying) serve every table. A writer holds an advisory lock
+(`.NAME.lock` beside the file) for its lifetime: a second writer, of any table, is refused while
+the first lives.
+
+Crash consistency: HDF5 may put `count` on disk before the rows it counts, and a kill or a full
+disk in the middle of a flush can leave the file unreadable. So the source of truth is the
+journal (hpc.results.journal, `.NAME.journal` beside the file): every change of the file (its
+layout and attributes when a writer opens it, each append, each truncation) is one checksummed
+entry, written and fdatasync'd before the HDF5 file is touched, and a writer that closes the file
+cleanly ends the journal with a `close` entry. Whoever takes the lock next (a writer, or `hpc
+repair`) trusts the file only when the journal ends with `close`, names the same file (the
+`journal_id` attribute) and counts the same rows; otherwise the file is rebuilt from the journal
+into a temporary file and switched in with one os.replace. So every append that returned survives
+any kill and a full disk, each row once. A file without a journal (written before journals, or
+copied without it) gets one from its complete rows the first time a writer opens it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
 import time
 import typing
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,6 +44,7 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError, shown
+from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
 from hpc.results.record import FIELDS, EvalRecord, record_key
 
 SCHEMA_VERSION = 4
@@ -39,6 +52,7 @@ SCHEMA_VERSION = 4
 # candidate_host_ms and host_check_ms, which the in-process clock measured)
 ADDED_IN = {"stage_seconds": 2, "overhead_ms": 3, "conditions": 4}
 GROUP = "records"
+JOURNAL_ID = "journal_id"   # root attribute: the journal this file belongs to
 _STR = h5py.string_dtype("utf-8")
 _FLOATS = h5py.vlen_dtype(np.float64)
 T = TypeVar("T")
@@ -62,37 +76,97 @@ def column_dtype(tp) -> object:
 
 class AppendingFile:
     """The one writer of a results file, whichever of its tables it appends to. It holds the writer
-    lock for its lifetime, opens the file (recovered when its last writer was killed), lets the
-    subclass lay out or check its tables (`_prepare`), sets `attrs` on the file and switches to SWMR
-    mode, after which no table can be created: so a subclass creates all of its own up front."""
+    lock for its lifetime, brings the file and its journal to one state (rebuilding the file when
+    its last writer did not close it), opens it, lets the subclass lay out or check its tables
+    (`_prepare`), sets `attrs` on the file, journals the layout and switches to SWMR mode, after
+    which no table can be created: so a subclass creates all of its own up front. Every change goes
+    through `append_rows` and `truncate_rows`, journal first. A failed write (a full disk) is a
+    UserError, and the writer takes no more: the next one rebuilds the file from the journal."""
 
     def __init__(self, path: str | os.PathLike, attrs: dict[str, str] | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.failed = False
+        self._journal: Journal | None = None
+        self._columns: dict[str, dict[str, tuple[h5py.Dataset, str, np.dtype]]] = {}
         self._lock = _writer_lock(self.path)
         try:
+            self._journal, action = _reconcile(self.path)
+            if action == REBUILT:
+                log.warning("results %s: its last writer did not close it (killed? a full disk?); rebuilt it from "
+                            "its journal (%s)", self.path, _table_counts(self.path))
             self.file = _open_for_append(self.path)
-        except UserError:
-            os.close(self._lock)
-            raise
-        try:
-            if _tables(self.file) is None:
-                raise UserError(f"results {self.path}: not an hpc results file (it holds data outside any table)")
-            self._prepare()
-        except UserError:
+        except BaseException:
             self.close()
             raise
-        for key, value in (attrs or {}).items():
-            self.file.attrs[key] = value
-        self.file.swmr_mode = True
+        try:
+            self._prepare()
+            with self._writing():
+                for key, value in (attrs or {}).items():
+                    if key != JOURNAL_ID:
+                        self.file.attrs[key] = value
+                self._journal.append(_layout(self.file))
+                self.file.swmr_mode = True
+        except BaseException:
+            self.close()
+            raise
 
     def _prepare(self) -> None:
         """Create this writer's tables in the file, or check the ones there (UserError when unfit)."""
         raise NotImplementedError
 
+    def append_rows(self, group: h5py.Group, columns: dict[str, list]) -> None:
+        """Append rows to a table, one list of values per column (all of one length): journaled
+        first, then written, `count` bumped and flushed, so a reader sees all of these rows or none
+        and a crash keeps them whole or not at all. A value unfit for its column is a ValueError
+        before anything is written."""
+        n = int(group.attrs["count"])
+        k = len(next(iter(columns.values())))
+        info = self._columns.get(group.name)
+        if info is None:   # looked up once per table: h5py's lookups cost more than the write
+            info = self._columns[group.name] = _column_info(group)
+        cells = {name: _cells(name, info[name][1], info[name][2], values) for name, values in columns.items()}
+        with self._writing():
+            self._journal.append({"op": "rows", "table": group.name, "at": n, "n": k, "columns": cells})
+            _write_rows(group, info, n, k, cells)
+            self.file.flush()
+
+    def truncate_rows(self, group: h5py.Group, keep: int) -> None:
+        """Drop a table's rows after the first `keep` (journaled first, like an append)."""
+        with self._writing():
+            self._journal.append({"op": "cut", "table": group.name, "keep": keep})
+            _cut(group, keep)
+            self.file.flush()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A change of the file; an OSError in it (a full disk, a read-only file system) is one
+        UserError naming the file, after which this writer takes no more changes."""
+        if self.failed:
+            raise UserError(f"results {self.path}: a write failed before; nothing more is written by this writer")
+        try:
+            yield
+        except (OSError, RuntimeError) as e:
+            self.failed = True
+            raise UserError(f"results {self.path}: cannot write ({_why(e)}); the rows written before are kept "
+                            "and the next writer (or `hpc repair`) restores them") from None
+
     def close(self) -> None:
-        if self.file.id.valid:
-            self.file.close()
+        """Close the file, then mark the journal clean (`close`) unless a write failed: the next
+        writer trusts the file only then."""
+        file = getattr(self, "file", None)
+        if file is not None and file.id.valid:
+            try:
+                file.close()
+            except (OSError, RuntimeError):
+                self.failed = True
+        if self._journal is not None:
+            if not self.failed and file is not None:
+                try:
+                    self._journal.append({"op": "close"})
+                except OSError:
+                    pass   # not marked clean: the next writer rebuilds the file from the journal
+            self._journal.close()
+            self._journal = None
         if self._lock >= 0:
             os.close(self._lock)
             self._lock = -1
@@ -117,8 +191,8 @@ class ResultWriter(AppendingFile):
     def append(self, record: EvalRecord) -> None:
         """One record; text fields as valid UTF-8 without NUL (HDF5 refuses others, and a candidate's
         source or a file name can hold anything)."""
-        append_rows(self.file, self.group, {fd.name: [shown(v) if isinstance(v := getattr(record, fd.name), str) else v]
-                                            for fd in FIELDS})
+        self.append_rows(self.group, {fd.name: [shown(v) if isinstance(v := getattr(record, fd.name), str) else v]
+                                      for fd in FIELDS})
 
     def records(self) -> list[EvalRecord]:
         """Every complete record of the file, read through this writer's own handle."""
@@ -171,39 +245,130 @@ def _check_appendable(f: h5py.File, path: Path) -> None:
                         f"{f.attrs.get('schema_version')}; new results go to a new file")
 
 
-def append_rows(f: h5py.File, group: h5py.Group, columns: dict[str, list]) -> None:
-    """Append rows to a table, one list of values per column (all of one length), then bump its
-    `count` and flush: a reader sees all of these rows or none."""
-    n = int(group.attrs["count"])
-    k = len(next(iter(columns.values())))
-    for name, values in columns.items():
-        ds = group[name]
-        if ds.shape[0] < n + k:
-            ds.resize((n + k,))
-        if h5py.check_vlen_dtype(ds.dtype) == np.float64:   # row by row: h5py reads equal lengths as 2-D
+KINDS = {"bool": np.bool_, "int": np.int64, "float": np.float64, "floats": _FLOATS, "str": _STR}
+
+
+def _kind(dtype: np.dtype) -> str:
+    """A column's dtype by its name in KINDS (as the journal names it)."""
+    if h5py.check_vlen_dtype(dtype) == np.float64:
+        return "floats"
+    if h5py.check_string_dtype(dtype) is not None:
+        return "str"
+    if dtype == np.bool_:
+        return "bool"
+    return "int" if np.issubdtype(dtype, np.integer) else "float"
+
+
+def _column_info(group: h5py.Group) -> dict[str, tuple[h5py.Dataset, str, np.dtype]]:
+    """A table's columns: each one's dataset, kind and dtype."""
+    return {name: (ds, _kind(ds.dtype), ds.dtype) for name, ds in group.items()}
+
+
+def _cells(name: str, kind: str, dtype: np.dtype, values) -> list:
+    """A column's values as JSON's types, converted as HDF5 would store them; ValueError for text
+    that HDF5 refuses (a journaled row must be writable when the file is rebuilt)."""
+    if kind == "floats":
+        return [np.asarray(v, dtype=np.float64).tolist() for v in values]
+    if kind == "str":
+        out = []
+        for v in values:
+            text = v.decode("utf-8") if isinstance(v, bytes) else v
+            if not isinstance(text, str) or "\0" in text:
+                raise ValueError(f"column {name}: {v!r:.60} is not text without NUL")
+            text.encode("utf-8")   # a lone surrogate: UnicodeEncodeError, a ValueError
+            out.append(text)
+        return out
+    data = np.empty(len(values), dtype=dtype)
+    data[:] = values
+    return data.tolist()
+
+
+def _write_rows(group: h5py.Group, info: dict[str, tuple[h5py.Dataset, str, np.dtype]], at: int, n: int,
+                cells: dict[str, list]) -> None:
+    for name, values in cells.items():
+        ds, kind, dtype = info[name]
+        if ds.shape[0] < at + n:
+            ds.resize((at + n,))
+        if kind == "floats":   # row by row: h5py reads equal lengths as 2-D
             for i, value in enumerate(values):
-                ds[n + i] = np.asarray(value, dtype=np.float64)
+                ds[at + i] = np.asarray(value, dtype=np.float64)
         else:
-            data = np.empty(k, dtype=ds.dtype)
+            data = np.empty(n, dtype=dtype)
             data[:] = values
-            ds[n:n + k] = data
-    group.attrs["count"] = n + k
-    f.flush()
+            ds[at:at + n] = data
+    group.attrs["count"] = at + n
 
 
-def truncate_rows(f: h5py.File, group: h5py.Group, keep: int) -> None:
-    """Drop a table's rows after the first `keep`: `count` first (flushed), so a crash midway leaves
-    a table that readers and recovery already see as cut."""
+def _cut(group: h5py.Group, keep: int) -> None:
     group.attrs["count"] = keep
-    f.flush()
     for ds in group.values():
         ds.resize((keep,))
-    f.flush()
+
+
+def _layout(f: h5py.File) -> dict:
+    """The journal entry of a file's layout: every group's attributes (a table's `count` aside: the
+    rows entries say it) and every table's columns by kind."""
+    attrs, tables = {"/": dict(f.attrs)}, {}
+
+    def visit(name: str, obj) -> None:
+        if isinstance(obj, h5py.Group):
+            attrs[obj.name] = {k: v for k, v in obj.attrs.items() if k != "count"}
+            if "count" in obj.attrs:
+                tables[obj.name] = {column: _kind(ds.dtype) for column, ds in obj.items()}
+
+    f.visititems(visit)
+    return {"op": "layout", "attrs": attrs, "tables": tables}
+
+
+def _replay(entries: list[dict], out: h5py.File) -> None:
+    """Lay out and fill a new file from journal entries."""
+    for entry in entries:
+        op = entry["op"]
+        if op == "begin":
+            out.attrs[JOURNAL_ID] = entry["id"]
+        elif op == "layout":
+            for name, attrs in entry["attrs"].items():
+                group = out if name == "/" else out.require_group(name)
+                for key, value in attrs.items():
+                    group.attrs[key] = value
+            for name, columns in entry["tables"].items():
+                table = out.require_group(name)
+                n = int(table.attrs.get("count", 0))
+                table.attrs["count"] = n
+                for column, kind in columns.items():
+                    if column not in table:   # a column added since (a schema upgrade): NaN in the rows there
+                        ds = table.create_dataset(column, shape=(n,), maxshape=(None,), dtype=KINDS[kind],
+                                                  chunks=(64,))
+                        if kind == "float" and n:
+                            ds[:] = np.full(n, np.nan)
+        elif op == "rows":
+            table = out[entry["table"]]
+            _write_rows(table, _column_info(table), entry["at"], entry["n"], entry["columns"])
+        elif op == "cut":
+            _cut(out[entry["table"]], entry["keep"])
+
+
+def _journal_counts(entries: list[dict]) -> dict[str, int]:
+    """Each table's rows once the journal's entries are applied."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        if entry["op"] == "layout":
+            for name in entry["tables"]:
+                counts.setdefault(name, 0)
+        elif entry["op"] == "rows":
+            counts[entry["table"]] = entry["at"] + entry["n"]
+        elif entry["op"] == "cut":
+            counts[entry["table"]] = entry["keep"]
+    return counts
 
 
 def _writer_lock(path: Path) -> int:
     """An exclusive lock held while this process writes `path` (released by the kernel on death)."""
-    fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise UserError(f"results {path}: cannot write ({_why(e)})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -212,41 +377,166 @@ def _writer_lock(path: Path) -> int:
     return fd
 
 
+def _why(e: BaseException) -> str:
+    """An OSError (or HDF5's error, whose text holds the errno) in a few words."""
+    text = str(e)
+    code = getattr(e, "errno", None)
+    if code == errno.ENOSPC or "No space left" in text or "errno = 28," in text:
+        return "no space left on device"
+    if code == errno.EROFS or "Read-only file system" in text or "errno = 30," in text:
+        return "read-only file system"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+REBUILT, CONSISTENT, CREATED, STARTED = "rebuilt from its journal", "intact", "created", "journal started"
+
+
+def _reconcile(path: Path) -> tuple[Journal, str]:
+    """Bring `path` and its journal to one state before a writer opens the file (the caller holds
+    the writer lock, so no writer is live), and return the journal open for appending and what was
+    done. A missing file starts anew (a journal left beside it is dropped: the file was removed); a
+    file whose journal is missing or names another file gets a journal of its complete rows; a
+    file not closed cleanly since its journal's last entry is rebuilt from the journal."""
+    jpath = journal_path(path)
+    try:
+        entries, length = read_entries(jpath)
+        ours = entries[0].get("id") if entries and entries[0].get("op") == "begin" else None
+        if not path.exists():
+            entries, action = [{"op": "begin", "id": uuid.uuid4().hex}], CREATED
+        else:
+            probe = _probe(path)
+            if ours is None or (probe is not None and probe[0] != ours):
+                if ours is not None:
+                    log.warning("results %s: its journal belongs to another file; starting a new one from the file",
+                                path)
+                entries, action = _snapshot(path), STARTED
+            elif entries[-1]["op"] == "close" and probe is not None and probe[1] == _journal_counts(entries):
+                return Journal(jpath, length), CONSISTENT
+            else:
+                action = REBUILT
+        if action != REBUILT:
+            length = write_new(jpath, entries)
+        _rebuild(path, entries)
+        return Journal(jpath, length), action
+    except OSError as e:
+        raise UserError(f"results {path}: cannot write ({_why(e)})") from None
+
+
+def _probe(path: Path) -> tuple[str | None, dict[str, int] | None] | None:
+    """The journal id and the tables' counts of a file that opens plainly (closed by its writer,
+    not cut short); None for one that does not."""
+    try:
+        with h5py.File(path, "r") as f:
+            token = f.attrs.get(JOURNAL_ID)
+            tables = _tables(f)
+            counts = None if tables is None else {f[name].name: int(f[name].attrs["count"]) for name in tables}
+            return (token.decode() if isinstance(token, bytes) else token), counts
+    except OSError:
+        return None
+
+
+def _snapshot(path: Path) -> list[dict]:
+    """Journal entries holding a file that has no journal (written before journals, or copied
+    without it): its layout and the complete rows of each table. A file its writer did not close
+    is read in SWMR mode, as a live reader would."""
+    def damaged(e: OSError) -> UserError:
+        return UserError(f"results {path}: damaged, and no journal to rebuild it from ({str(e).splitlines()[0]})")
+
+    try:
+        f = h5py.File(path, "r")
+        dirty = False
+    except OSError as e:
+        if "already open for write" not in str(e):
+            raise damaged(e) from None
+        try:
+            f = h5py.File(path, "r", libver="latest", swmr=True)
+        except OSError as e2:
+            raise damaged(e2) from None
+        dirty = True
+    with f:
+        tables = _tables(f)
+        if tables is None:
+            raise UserError(f"results {path}: not an hpc results file (it holds data outside any table)")
+        token = uuid.uuid4().hex
+        layout = _layout(f)
+        layout["attrs"]["/"][JOURNAL_ID] = token
+        entries = [{"op": "begin", "id": token}, layout]
+        try:
+            for name in tables:
+                group = f[name]
+                columns, n = complete_rows(group)
+                if n:
+                    entries.append({"op": "rows", "table": group.name, "at": 0, "n": n,
+                                    "columns": {c: _cells(c, _kind(group[c].dtype), group[c].dtype, v)
+                                                for c, v in columns.items()}})
+        except OSError as e:
+            raise damaged(e) from None
+    if dirty:
+        log.warning("results %s: its last writer did not close it (killed?); kept the complete rows (%s)", path,
+                    ", ".join(f"{e['table'].lstrip('/')} {e['n']}" for e in entries[2:]) or "none")
+    return entries
+
+
+def _rebuild(path: Path, entries: list[dict]) -> None:
+    """Write the file the journal entries describe beside `path` and switch it in with one os.replace.
+    Where the disk has no room for the copy, the old file is emptied first and the copy made again:
+    the journal (already durable) holds everything the old file does, and an empty file is rebuilt
+    by whoever opens it next, should this process die before the switch."""
+    tmp = path.with_name(f".{path.name}.rebuilt.{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w", libver="latest") as out:
+            _replay(entries, out)
+        replace_durably(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        if _why(e) == "no space left on device" and path.exists() and path.stat().st_size:
+            log.warning("results %s: no room for its rebuilt copy beside it; emptied it first", path)
+            os.truncate(path, 0)
+            return _rebuild(path, entries)
+        raise UserError(f"results {path}: cannot rebuild it from its journal ({_why(e)})") from None
+
+
+def _table_counts(path: Path) -> str:
+    probe = _probe(path)
+    counts = probe[1] if probe else None
+    return ", ".join(f"{name.lstrip('/')} {n}" for name, n in (counts or {}).items()) or "no tables"
+
+
 def _open_for_append(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "a", libver="latest")
     except OSError as e:
-        if "already open for write" not in str(e):
-            raise UserError(f"results {path}: cannot open for writing ({e})") from None
-    _recover(path)
+        raise UserError(f"results {path}: cannot open for writing ({_why(e)})") from None
+
+
+def switch_in(src: Path, dst: Path) -> None:
+    """A results file written whole at `src` (its writer closed) switched in for `dst` with one
+    os.replace, its journal after it (a crash between leaves `dst` beside a journal of another file,
+    which the next writer sees and replaces), and `src`'s lock file removed."""
+    os.replace(src, dst)
+    journal_path(src).replace(journal_path(dst))
+    (src.parent / f".{src.name}.lock").unlink(missing_ok=True)
+
+
+def repair(path: str | os.PathLike) -> str:
+    """Bring a results file back to the rows its journal holds (the `hpc repair` command): what a
+    writer does when it opens the file, without opening it for appending. Returns one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"results {path}: {'not a file' if path.exists() else 'no such file'}")
+    lock = _writer_lock(path)
     try:
-        return h5py.File(path, "a", libver="latest")
+        journal, action = _reconcile(path)
+        if action != CONSISTENT:   # the file now matches the journal: the next writer need not rebuild it
+            journal.append({"op": "close"})
+        journal.close()
     except OSError as e:
-        raise UserError(f"results {path}: cannot open for writing after recovery ({e})") from None
-
-
-def _recover(path: Path) -> None:
-    """Replace a file whose writer died with the open-for-write mark by a clean copy of the complete
-    rows of its tables and all attributes (the caller holds the writer lock, so no writer is live)."""
-    tmp = path.with_name(f".{path.name}.recovered.{os.getpid()}")
-    with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        tables = _tables(f)
-        if tables is None:
-            raise UserError(f"results {path}: not an hpc results file (it holds data outside any table)")
-
-        def copy(name: str, obj) -> None:
-            if isinstance(obj, h5py.Group):
-                out.require_group(name).attrs.update(obj.attrs)
-            else:
-                out.create_dataset(name, data=obj[:int(obj.parent.attrs["count"])], maxshape=(None,),
-                                   chunks=obj.chunks, dtype=obj.dtype)
-
-        with h5py.File(tmp, "w", libver="latest") as out:
-            out.attrs.update(f.attrs)
-            f.visititems(copy)
-        kept = ", ".join(f"{name} {int(f[name].attrs['count'])}" for name in tables)
-    os.replace(tmp, path)
-    log.warning("results %s: its last writer did not close it (killed?); recovered the complete rows (%s)", path, kept)
+        raise UserError(f"results {path}: cannot write ({_why(e)})") from None
+    finally:
+        os.close(lock)
+    return f"{path}: {action} ({_table_counts(path)})"
 
 
 def _tables(f: h5py.File) -> list[str] | None:
@@ -322,7 +612,7 @@ def read_retrying(path: Path, read: Callable[[h5py.File], T]) -> T:
             return _read_once(path, read)
         except _StaleView:
             time.sleep(0.05)
-    raise UserError(f"results {path}: unreadable while being written (retried 20 times)")
+    raise UserError(f"results {path}: unreadable while being written (retried 20 times){_repair_hint(path)}")
 
 
 def file_groups(path: str | os.PathLike) -> set[str]:
@@ -344,7 +634,12 @@ def _check_not_truncated(path: Path) -> None:
         if "unable to lock file" in str(e):
             raise _StaleView(str(e)) from None   # a writer is creating it or switching it to SWMR: retry
         if "already open for write" not in str(e):
-            raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
+            raise UserError(f"results {path}: cannot read as HDF5 ({e}){_repair_hint(path)}") from None
+
+
+def _repair_hint(path: Path) -> str:
+    """What a reader of a damaged file can do, where its journal can rebuild it."""
+    return f"; `hpc repair {path}` rebuilds it from its journal" if journal_path(path).exists() else ""
 
 
 def _read_once(path: Path, read: Callable[[h5py.File], T]) -> T:

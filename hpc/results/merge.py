@@ -16,7 +16,7 @@ from itertools import groupby
 from pathlib import Path
 
 from hpc.errors import UserError
-from hpc.results.hdf5 import ResultWriter, file_attrs, file_groups, read_records
+from hpc.results.hdf5 import JOURNAL_ID, ResultWriter, file_attrs, file_groups, read_records, switch_in
 from hpc.results.record import EvalRecord, record_key
 from hpc.results.training import TRAIN_GROUP, EvaluationWriter, read_trajectories
 
@@ -61,7 +61,7 @@ def merge_files(shards: list[str | os.PathLike], out: str | os.PathLike) -> list
     out = Path(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    attrs = {k: str(v) for k, v in file_attrs(shards[0]).items() if k not in ("schema_version", "created")}
+    attrs = {k: str(v) for k, v in file_attrs(shards[0]).items() if k not in ("schema_version", "created", JOURNAL_ID)}
     attrs["merged_from"] = ",".join(str(s) for s in shards)
     writer = (EvaluationWriter if trajectories else ResultWriter)(tmp, attrs)
     try:
@@ -71,5 +71,5 @@ def merge_files(shards: list[str | os.PathLike], out: str | os.PathLike) -> list
             writer.append_trajectories(step, stage, [row[2] for row in rows])
     finally:
         writer.close()
-    tmp.replace(out)
+    switch_in(tmp, out)
     return records

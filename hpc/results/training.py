@@ -25,8 +25,7 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError
-from hpc.results.hdf5 import (AppendingFile, ResultWriter, append_rows, column_dtype, complete_rows, read_retrying,
-                              to_python, truncate_rows)
+from hpc.results.hdf5 import AppendingFile, ResultWriter, column_dtype, complete_rows, read_retrying, to_python
 
 TRAIN_GROUP = "train"
 STEPS = "steps"
@@ -93,7 +92,7 @@ class TrainingWriter(AppendingFile):
         if row["step"] <= self.last_step:
             raise ValueError(f"append_step: step {row['step']} does not follow step {self.last_step} (a resumed "
                              "run calls truncate_after(its checkpoint's step) first)")
-        append_rows(self.file, self.steps, {name: [value] for name, value in row.items()})
+        self.append_rows(self.steps, {name: [value] for name, value in row.items()})
         self.last_step = row["step"]
 
     def append_trajectories(self, step: int, stage: str, trajectories: list[dict]) -> None:
@@ -118,7 +117,7 @@ class TrainingWriter(AppendingFile):
             row = {"step": step, "stage": stage, **{key: trajectory[key] for key in TRAJECTORY_KEYS}, "data": data}
             for name, tp in TRAJECTORY_FIELDS.items():
                 columns[name].append(_typed(name, tp, row[name], f"append_trajectories: trajectory {i}"))
-        append_rows(self.file, self.trajectories, columns)
+        self.append_rows(self.trajectories, columns)
         self._last_trajectory_step = step
 
     def truncate_after(self, step: int) -> None:
@@ -128,7 +127,7 @@ class TrainingWriter(AppendingFile):
             count = int(group.attrs["count"])
             keep = int(np.searchsorted(group["step"][:count], step, side="right"))
             if keep < count:
-                truncate_rows(self.file, group, keep)
+                self.truncate_rows(group, keep)
         self.last_step = _last_step(self.steps)
         self._last_trajectory_step = _last_step(self.trajectories)
 
