@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
-from hpc.errors import UserError, writable_folder  # noqa: E402
+from hpc.errors import UserError, check_out_folder, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 
@@ -185,12 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard is not None and not 0 <= args.shard < args.shards:
             raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = _config(args)
-        out = writable_folder(args.out).resolve()
+        out = check_out_folder(args.out).resolve()
         tasks = _tasks(args.tasks, args.only)
         if args.policy is None:
             policy, items = None, work_items(tasks, args.candidates, out)
         else:
             policy, items = _policy(args, tasks, out)
+        writable_folder(out)   # made only once every argument is known to be good
     except UserError as e:
         log.error("error: %s", e)
         return 2
