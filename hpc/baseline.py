@@ -51,16 +51,18 @@ def start_baseline_pair(cfg: EvalConfig) -> WorkerPair:
 def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_seed: int, lock: DeviceLock,
                    programs: list[str], burst: int = 0) -> int:
     """Set the baselines' pair up for `task`, with `burst` calls a timed frame (0: sized from its
-    reference's probe), and load `programs` in it (torch.compile compiles here, holding the device
-    shared, not inside the timed window). The burst; SandboxError when a step fails."""
+    reference's probe), and load `programs` in it: torch.compile compiles here, not inside the timed
+    window, holding `lock.autotuning()` (its first call picks launch configs by timing them). The
+    burst; SandboxError when a step fails."""
     with lock.shared():
         burst = driver.setup(task, init_seed, probe_seed, burst)["burst"]
-        for program in programs:
-            name, _, mode = program.partition(":")
-            try:
+    for program in programs:
+        name, _, mode = program.partition(":")
+        try:
+            with lock.autotuning() if name == "compile" else lock.shared():
                 driver.load({"program": name, "mode": mode or "default"})
-            except SandboxError as e:
-                raise SandboxError(f"{program} could not be loaded: {e.reason}", "error") from None
+        except SandboxError as e:
+            raise SandboxError(f"{program} could not be loaded: {e.reason}", "error") from None
     return burst
 
 

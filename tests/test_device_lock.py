@@ -130,3 +130,29 @@ def test_evaluations_beside_are_counted_while_they_run_and_not_after(tmp_path):
     stale = tmp_path / "cpu.active" / "12345-1-0"
     stale.touch()
     assert mine.beside() == 0 and not stale.exists()
+
+
+def test_an_autotuning_first_call_has_a_cuda_device_alone_and_shares_a_cpu(tmp_path):
+    """torch.compile's first call times launch configs on cuda: no other device work beside it."""
+    for backend, alone in (("cuda", True), ("cpu", False)):
+        lock = DeviceLock(backend, tmp_path / backend)
+        tuning = threading.Event()
+        overlapped: list[bool] = []
+
+        def tuner():
+            with lock.autotuning():
+                tuning.set()
+                time.sleep(0.3)
+
+        def other():
+            tuning.wait(5)
+            t0 = time.monotonic()
+            with lock.shared():
+                overlapped.append(time.monotonic() - t0 < 0.15)
+
+        threads = [threading.Thread(target=f) for f in (tuner, other)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        assert overlapped == [not alone], backend

@@ -4,6 +4,9 @@ Several evaluations may share one GPU (threads of `hpc eval-suite --jobs`, proce
 on one node): their setup and correctness work may overlap, their timed runs may not. Untimed
 device work holds `shared()`; a timed run holds `exclusive()`, which waits for the shared
 holders to finish and keeps new ones out until it is done (a turnstile gives timers priority).
+Work that times itself holds `autotuning()`: torch.compile's first call on cuda picks each
+kernel's launch config by timing the candidates on the device, and keeps the pick in the inductor
+cache for every later evaluation too.
 
 The locks are flock()s on per-host files, so they work across threads and processes alike.
 `active()` marks an evaluation as running on the device for as long as it holds a file of its own
@@ -24,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import ContextManager, Iterator
 
 
 @contextmanager
@@ -50,6 +53,7 @@ class DeviceLock:
         self.main = root / f"{name}.lock"
         self.turnstile = root / f"{name}.turnstile"
         self.running = root / f"{name}.active"
+        self.backend = backend
         self.seconds = {"lock_wait_shared": 0.0, "lock_wait_exclusive": 0.0, "lock_held_exclusive": 0.0}
         self._own: set[str] = set()
 
@@ -72,6 +76,13 @@ class DeviceLock:
                 yield
             finally:
                 self.seconds["lock_held_exclusive"] += time.monotonic() - got
+
+    def autotuning(self) -> ContextManager[None]:
+        """The lock for a first call that autotunes (torch.compile's): exclusive on cuda. Timed
+        beside other evaluations' device work, inductor's pick followed their load (level1/03_sum_dim's
+        compiled figure read 0.085 ms from a quiet compile, 0.101-0.111 ms from ones beside three
+        other evaluations, docs/benchmarks.md). On cpu nothing is timed at a first call: shared."""
+        return self.exclusive() if self.backend == "cuda" else self.shared()
 
     @contextmanager
     def active(self) -> Iterator[None]:

@@ -301,7 +301,7 @@ class FilterChain:
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(self.inductor_cache)},
                                  writable=[self.inductor_cache]) as proc:
             try:
-                with self.lock.shared():
+                with self.lock.autotuning():   # its picks land in the cache the baselines read
                     proc.request({"op": "setup", "task": str(harness_file(task.path, proc.workdir, "task.py")),
                                   "scale": cfg.scale, "init_seed": seed,
                                   "probe_seed": seed + 1, "device": cfg.backend, "compile": "default"})
