@@ -3,10 +3,12 @@ process with a fresh cache (nothing measured is carried from one run to the next
 compiles anew into an empty inductor cache; only the candidates' own builds, keyed by their
 sources, are shared), one run after another with nothing else started by this script beside them.
 Per row: the reward of each run, and how far each run's speedup over torch.compile lies from the
-row's median across runs.
+row's median across runs. Per generated kernel: the launch config torch.compile's autotuner picked
+in each run (picks-K.json beside run-K.h5), and which kernels got different picks.
 
     python benchmarks/reward_repeat.py --backend cpu --runs 3 [--only level2] [--jobs 1] [--keep DIR]
     python benchmarks/reward_repeat.py --tables DIR      the tables again, from the runs kept in DIR
+    python benchmarks/reward_repeat.py ... --first 2 --runs 1 --keep DIR   one more run (run-2) into DIR
 
 Bar (issue 21): at least 95% of rows get the same reward in every run, and every row's
 vs-compile ratio stays within 3% of its median.
@@ -15,6 +17,7 @@ vs-compile ratio stays within 3% of its median.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -55,7 +58,31 @@ def one_run(args: argparse.Namespace, folder: Path, keep: Path, k: int) -> Path:
         raise SystemExit(f"run {k} wrote no records (exit {proc.returncode})")
     print(f"run {k}: {time.monotonic() - t0:.0f} s, exit {proc.returncode}, "
           f"{time.strftime('%H:%M:%S', time.gmtime())} UTC", file=sys.stderr, flush=True)
+    (keep / f"picks-{k}.json").write_text(json.dumps(autotune_picks(cache / "inductor"), indent=1, sort_keys=True))
     return out
+
+
+def autotune_picks(inductor: Path) -> dict[str, dict]:
+    """{kernel file: the launch config inductor's autotuner kept for it} from an inductor cache
+    (its .best_config files; the time the pick took and the cache hashes left out)."""
+    picks = {}
+    for path in sorted(inductor.rglob("*.best_config")):
+        try:
+            pick = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        picks[path.stem] = {k: v for k, v in pick.items() if "time" not in k and "hash" not in k}
+    return picks
+
+
+def differing_picks(keep: Path) -> list[str]:
+    """The kernels (of those every run generated) whose picks differ between the runs kept in `keep`."""
+    runs = [json.loads(path.read_text()) for path in sorted(keep.glob("picks-*.json"))]
+    if len(runs) < 2:
+        return []
+    common = set(runs[0]).intersection(*runs[1:])
+    return [f"{name}: " + " / ".join(json.dumps(run[name], sort_keys=True) for run in runs)
+            for name in sorted(common) if len({json.dumps(run[name], sort_keys=True) for run in runs}) > 1]
 
 
 def figures(path: Path) -> dict[str, tuple]:
@@ -79,6 +106,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--first", type=int, default=0, help="number the runs from this one (more runs into --keep)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--scale", choices=("cpu", "gpu"), default=None, help="default: the backend's own")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's records (run-K.h5) in this folder")
@@ -91,9 +119,13 @@ def main() -> int:
     args = p.parse_args()
     if args.tables:
         runs = [figures(path) for path in sorted(args.tables.glob("run-*.h5"))]
+        picks = differing_picks(args.tables)
     else:
         with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
-            runs = [figures(one_run(args, Path(tmp), args.keep or Path(tmp), k)) for k in range(args.runs)]
+            for k in range(args.first, args.first + args.runs):
+                one_run(args, Path(tmp), args.keep or Path(tmp), k)
+            runs = [figures(path) for path in sorted((args.keep or Path(tmp)).glob("run-*.h5"))]
+            picks = differing_picks(args.keep or Path(tmp))
     if not runs:
         raise SystemExit(f"no run-K.h5 files in {args.tables}")
     tasks = sorted(set().union(*runs))
@@ -128,6 +160,9 @@ def main() -> int:
     print(f"\nfaster than torch.compile by more than 5% in every run: {beat}/{n}; geomean of the medians: "
           f"{geomean([m[4] for m in medians.values()]):.2f}x vs torch.compile, "
           f"{geomean([m[3] for m in medians.values()]):.2f}x vs eager")
+    print(f"torch.compile kernels whose autotuned launch config differs between runs: {len(picks)}")
+    for line in picks:
+        print(f"  {line}")
     print(f"same reward in all {len(runs)} runs: {same}/{n} ({100 * same / max(n, 1):.0f}%); "
           f"vs compile within 3% of the median: {within}/{n} ({100 * within / max(n, 1):.0f}%)")
     return 0 if n and same >= 0.95 * n and within == n else 1
