@@ -184,6 +184,11 @@ def test_resume_continues_with_the_same_next_step(tmp_path):
 
         with pytest.raises(Stop):
             trainer.run(stop_after_three)
+    # a save of step 4 killed after the policy's part: the policy's `latest` names a step whose
+    # critic and trainer state were never written, and the resume must not take it
+    policy = tmp_path / "cut" / "checkpoints" / "policy"
+    (policy / "iter_0000004").mkdir()
+    (policy / "latest").write_text("4\n")
     train(str(config), str(tmp_path / "cut"), quiet=True)
     resumed = read_steps(tmp_path / "cut" / "train.h5")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]

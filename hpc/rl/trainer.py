@@ -148,6 +148,14 @@ def load_policy(ckpt: PolicyCheckpoint) -> ServedPolicy:
                                            include_system=cfg.include_system, seed=cfg.seed))
 
 
+def complete_step(root: Path) -> int | None:
+    """The newest step checkpointed whole under `root` (RUN/checkpoints): the one with a trainer
+    state file. Each model's `latest` moves as that model's part is saved, so it may name a step
+    whose other parts a kill cut short."""
+    steps = [int(p.suffix[1:]) for p in root.glob(f"{STATE_FILE}.*") if p.suffix[1:].isdigit()]
+    return max(steps, default=None)
+
+
 class DataParallel:
     """Metric and sample gathering over the data-parallel group (a no-op alone). Gradients are
     reduced by megatron's DDP inside the optimizers (`hpc.policy.optimizer`)."""
@@ -277,9 +285,9 @@ class Trainer:
         return self.out / CHECKPOINTS
 
     def _resume(self) -> None:
-        from hpc.policy.checkpoint import latest_step, load_checkpoint
+        from hpc.policy.checkpoint import load_checkpoint
 
-        step = latest_step(self.checkpoint_root / "policy")
+        step = complete_step(self.checkpoint_root)
         if step is None:
             return
         load_checkpoint(self.checkpoint_root / "policy", self.policy, self.actor_opt, step)
@@ -299,7 +307,9 @@ class Trainer:
                      self.cfg.stages[self.position.stage].name, self.position.stage_step)
 
     def save(self) -> Path:
-        """Checkpoint the models, the optimizers and the run's position (collective)."""
+        """Checkpoint the models, the optimizers and the run's position (collective). The trainer
+        state file, renamed into place last, publishes the step (`complete_step`): a save killed
+        before it leaves the previous checkpoint as the one a resume takes."""
         from hpc.policy.checkpoint import save_checkpoint
 
         step = self.position.step
