@@ -105,6 +105,29 @@ def test_a_worker_rank_killed_mid_batch_loses_no_result(tmp_path, cache_dir):
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
 
 
+def test_workers_leave_when_the_coordinator_is_killed(tmp_path, cache_dir):
+    """Under --enable-recovery nothing else ends a worker whose coordinator died (they spun in a
+    send forever): each hears nothing for --coordinator-silent seconds, says so and leaves, so
+    the job ends."""
+    tasks, solutions = _suite(tmp_path, 6)
+    out = tmp_path / "pool.h5"
+    proc = _pool(3, tasks, solutions, out, cache_dir, "--coordinator-silent", "5")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and read_records(out):
+            break
+        time.sleep(0.5)
+    coordinator = process_with(b"hpc.pool", "OMPI_COMM_WORLD_RANK=0", f"TMPDIR={tmp_path}")
+    assert coordinator is not None and proc.poll() is None, "pool finished before its coordinator could be killed"
+    os.kill(coordinator, signal.SIGKILL)
+    killed = time.monotonic()
+    log = _finish(proc, timeout=120)   # its status says nothing: mpirun --enable-recovery exits 0 whatever the ranks did
+    assert time.monotonic() - killed < 60, log
+    for rank in (1, 2):
+        assert f"[rank {rank}] error: worker rank {rank}: nothing from the coordinator (rank 0) for" in log, log
+    assert process_with(b"hpc.pool", f"TMPDIR={tmp_path}") is None, "a worker rank outlived the job"
+
+
 def test_a_request_of_unknown_kind_is_refused_at_submit():
     from hpc.pool.coordinator import Coordinator
     from hpc.pool.messages import WorkItem

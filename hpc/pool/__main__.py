@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, help="timed iterations")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take on a worker")
     p.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat before a rank is lost")
+    p.add_argument("--coordinator-silent", type=float, default=60.0,
+                   help="seconds without a word from the coordinator before a worker rank takes it for dead and leaves")
     p.add_argument("--retries", type=int, default=1, help="re-runs of a request whose worker rank was lost")
     p.add_argument("--concurrency", type=int, default=None,
                    help="evaluations at once per worker rank (they share its device; timings take turns; "
@@ -50,6 +52,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--concurrency: must be >= 1, got {args.concurrency}")
     if args.prestart is not None and args.prestart < 0:
         raise UserError(f"--prestart: must be >= 0, got {args.prestart}")
+    for flag, value in (("--dead-after", args.dead_after), ("--coordinator-silent", args.coordinator_silent)):
+        if not value > 0:
+            raise UserError(f"{flag}: must be > 0 seconds, got {value:g}")
 
 
 def _config(args):
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.backend == "cuda":
         pin_device(workers)
-    if not run_worker(comm, 0, cfg, concurrency=args.concurrency, prestart=args.prestart):
+    if not run_worker(comm, 0, cfg, concurrency=args.concurrency, prestart=args.prestart,
+                      coordinator_silent_s=args.coordinator_silent):
         exit_now(0)
     return 0
 

@@ -6,6 +6,10 @@ A worker rank that stops sending heartbeats is declared dead: its in-flight requ
 Open MPI must be told not to end the job when a rank dies (`mpirun --enable-recovery`;
 `srun` without --kill-on-bad-exit), otherwise the job ends with the rank and only the results
 already streamed survive, which a resumed run then skips.
+
+The other way round, a thread pings every live worker each `beat_s`, whatever the coordinator's
+own loop is doing (a trainer's step takes minutes): a worker that hears nothing for a while takes
+the coordinator for dead and leaves (hpc.pool.worker), instead of waiting on it forever.
 """
 
 from __future__ import annotations
@@ -13,17 +17,18 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import threading
 import time
 from dataclasses import asdict, fields
 from typing import Iterator
 
-from hpc.pool.messages import BYE, KINDS, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
+from hpc.pool.messages import BYE, KINDS, PING, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
 from hpc.results.record import EvalRecord
 
 
 class Coordinator:
     def __init__(self, comm, workers: list[int], dead_after_s: float = 30.0, retries: int = 1,
-                 max_queued: int = 10_000):
+                 max_queued: int = 10_000, beat_s: float = 2.0):
         self.comm = comm
         self.live = set(workers)
         self.dead_after_s = dead_after_s
@@ -41,6 +46,9 @@ class Coordinator:
         self.busy_s = {r: 0.0 for r in workers}        # seconds each rank held at least one request
         self._busy_since: dict[int, float] = {}
         self.answered = 0                                # results from worker ranks (not given up)
+        self._stop_pinging = threading.Event()
+        self._pinger = threading.Thread(target=self._ping, args=(beat_s,), name="pool-ping", daemon=True)
+        self._pinger.start()
 
     # -- client side -------------------------------------------------------------------------
     def submit(self, item: WorkItem) -> None:
@@ -94,7 +102,20 @@ class Coordinator:
             self._check_liveness()
             waiting = (waiting - self.said_bye) & self.live
             stopping &= self.live
+        self._stop_pinging.set()
+        self._pinger.join()
         return not self.dead
+
+    def _ping(self, beat_s: float) -> None:
+        """Every `beat_s`, a PING to each live rank that has not said bye. Sent without waiting
+        (a dead rank's send may never complete); a rank whose last ping is still in flight is
+        skipped."""
+        inflight: dict[int, object] = {}
+        while not self._stop_pinging.wait(beat_s):
+            for rank in self.live.copy() - self.said_bye.copy():   # set.copy holds the GIL: no torn read
+                last = inflight.get(rank)
+                if last is None or last.Test():
+                    inflight[rank] = self.comm.isend(None, dest=rank, tag=PING)
 
     # -- the loop ----------------------------------------------------------------------------
     def usage(self) -> dict[str, float]:

@@ -10,6 +10,7 @@ WORK = 2       # coordinator -> worker: a WorkItem, or STOP / STOP_NOW
 RESULT = 3     # worker -> coordinator: a Result
 BEAT = 4       # worker -> coordinator: heartbeat (the rank is alive)
 BYE = 5        # worker -> coordinator: stopped (heartbeats too); nothing more will come
+PING = 6       # coordinator -> worker: the coordinator is alive (a worker that hears nothing leaves)
 
 # stop messages (in place of a WorkItem): finish and return; with STOP_NOW the process should also
 # skip MPI_Finalize, which would wait for ranks that died

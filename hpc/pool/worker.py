@@ -2,7 +2,9 @@
 
 One worker per GPU: `pin_device` picks it from the rank's place among its node's workers.
 While it evaluates, a thread sends heartbeats so the coordinator can tell a slow evaluation from
-a dead rank. Several requests run at once (`concurrency`), sharing the device except while one is
+a dead rank; the coordinator pings back, and a worker that hears nothing from it for
+`coordinator_silent_s` leaves (exit 3, its evaluations' processes with it) rather than wait on a
+coordinator that is gone: under `mpirun --enable-recovery` nothing else would end it. Several requests run at once (`concurrency`), sharing the device except while one is
 timed, and the next request's compilation starts while they run, so the GPU does not wait on the
 compiler.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from hpc.candidate import load_candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.config import EvalConfig
+from hpc.entry import exit_now
 from hpc.errors import UserError
 from hpc.pipeline import evaluate
 from hpc.pool.messages import BEAT, BYE, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
@@ -79,8 +82,31 @@ def default_concurrency(backend: str) -> int:
     return 6 if backend == "cuda" else 1
 
 
+COORDINATOR_LOST = 3   # the exit status of a worker whose coordinator went silent
+FIRST_CONTACT_S = 600.0   # how long a coordinator may take to start (its imports, on a slow shared filesystem)
+
+
+def _receive(comm, source: int, heard: list[float], block: bool):
+    """The next work message from `source` (a WorkItem, STOP or STOP_NOW), reading the pings before
+    it (each sets heard[0]); None when nothing came and `block` is False. Polls rather than waits
+    in MPI, so a coordinator that is gone cannot hold the thread."""
+    from mpi4py import MPI
+
+    while True:
+        status = MPI.Status()
+        if comm.Iprobe(source=source, tag=MPI.ANY_TAG, status=status):
+            message = comm.recv(source=source, tag=status.Get_tag())
+            heard[0] = time.monotonic()
+            if status.Get_tag() == WORK:
+                return message
+        elif not block:
+            return None
+        else:
+            time.sleep(0.005)
+
+
 def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, concurrency: int | None = None,
-               prestart: int | None = None) -> bool:
+               prestart: int | None = None, coordinator_silent_s: float = 60.0) -> bool:
     """Serve requests from `coordinator` until told to stop.
 
     Up to `concurrency` (None: `default_concurrency`) requests are evaluated at once on this
@@ -104,8 +130,21 @@ def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, con
         while not stop.wait(beat_s):
             send(time.time(), BEAT)
 
+    started = time.monotonic()
+    heard = [started]   # when a message from the coordinator last came
+    said_bye = threading.Event()
+
+    def watch() -> None:
+        while not said_bye.wait(1.0):
+            silent = time.monotonic() - heard[0]
+            if silent > (coordinator_silent_s if heard[0] > started else max(coordinator_silent_s, FIRST_CONTACT_S)):
+                log.error("error: worker rank %d: nothing from the coordinator (rank %d) for %.0f s: it is gone; "
+                          "leaving", comm.Get_rank(), coordinator, silent)
+                exit_now(COORDINATOR_LOST)   # the main thread may be stuck in a send to it
+
     beater = threading.Thread(target=beat, name="heartbeat", daemon=True)
     beater.start()
+    threading.Thread(target=watch, name="coordinator-watch", daemon=True).start()
     pending: deque[WorkItem] = deque()
     running: dict[Future, WorkItem] = {}
     executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="evaluate")
@@ -116,9 +155,10 @@ def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, con
                 send(None, READY)
             while True:
                 # take every request that has arrived; block for one only when nothing is running or waiting
-                while stopped_by is None and ((not pending and not running)
-                                              or comm.Iprobe(source=coordinator, tag=WORK)):
-                    item = comm.recv(source=coordinator, tag=WORK)
+                while stopped_by is None:
+                    item = _receive(comm, coordinator, heard, block=not pending and not running)
+                    if item is None:
+                        break
                     if item in (STOP, STOP_NOW):
                         stopped_by = item
                     else:
@@ -141,6 +181,7 @@ def run_worker(comm, coordinator: int, cfg: EvalConfig, beat_s: float = 2.0, con
             stop.set()
             beater.join()
     send(None, BYE)   # after the last heartbeat: the coordinator may exit once every rank said this
+    said_bye.set()
     return stopped_by != STOP_NOW
 
 
