@@ -197,6 +197,38 @@ def test_resume_continues_with_the_same_next_step(tmp_path):
     assert resumed[4]["stage"] == "ppo" and resumed[4]["samples"] == 2
 
 
+@pytest.mark.slow
+def test_a_trainer_killed_after_a_save_leaves_no_process_behind(tmp_path):
+    """megatron's checkpoint writer serves its results queue from a process spawned at the first
+    save; SIGKILL of the trainer must end it (and whatever else it started) too."""
+    import signal
+    import time
+
+    from hpc.pool.processes import process_with
+
+    mark = f"HPC_TEST_MARK={tmp_path}"
+    config = small_config(tmp_path, checkpoint_every=1)
+    proc = subprocess.Popen([sys.executable, "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "HPC_TEST_MARK": str(tmp_path)})
+    saved = tmp_path / "run" / "checkpoints" / "trainer.json.1"
+    deadline = time.monotonic() + 600
+    while not saved.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert saved.exists() and proc.poll() is None, "the trainer ended or never saved"
+    children = list(map(int, Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()))
+    assert children, "no child process: the checkpoint writer's manager was expected"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while process_with(b"", mark) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = process_with(b"", mark)
+    assert left is None, Path(f"/proc/{left}/cmdline").read_bytes()
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+
+
 def test_every_stage_kind_of_the_recipe_runs_in_order(tmp_path):
     """The paper's pipeline at toy scale: SFT, single-turn PPO, rejection sampling of multi-turn
     episodes, SFT on what it kept, value pretraining, multi-turn PPO (each PPO step 2 epochs of 2

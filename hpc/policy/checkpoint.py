@@ -101,6 +101,49 @@ def _state_keys(optimizer: torch.optim.Optimizer) -> list[str]:
     return sorted({k for s in optimizer.state.values() for k in s})
 
 
+def write_durably(path: Path, text: str) -> None:
+    """`text` at `path`, whole or not at all, and on disk before this returns (a file that names a
+    finished step must not reach the disk before the step does)."""
+    from hpc.results.journal import replace_durably
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    replace_durably(tmp, path)
+
+
+def _die_with(parent: int) -> None:
+    """In a child process: SIGKILL when `parent` ends (PR_SET_PDEATHSIG), or now if it already has."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+_writer_manager = None
+
+
+def _writer_results_queue() -> None:
+    """Hand megatron's checkpoint writer a results queue whose server dies with this process.
+
+    The writer collects its results through a queue served by a process spawned at the first save
+    (a multiprocessing Manager, ~570 MB) that lives as long as the trainer, and nothing ends it
+    when the trainer is killed (SIGKILL, the OOM killer): one outlived its trainer by 20+ minutes,
+    holding the job's log open. megatron keeps the queue in a module global, made on first use, so
+    the one made here, by a manager started with PR_SET_PDEATHSIG, is the one it uses."""
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    global _writer_manager
+    if filesystem_async._results_queue is None:
+        _writer_manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+        _writer_manager.start(initializer=_die_with, initargs=(os.getpid(),))
+        filesystem_async._results_queue = _writer_manager.Queue()
+
+
 def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | ModelOptimizer | None = None,
                     cfg: PolicyModelConfig | None = None, extra: dict[str, Any] | None = None) -> Path:
@@ -127,6 +170,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
         keys = _state_keys(optimizer)
         state["optimizer"] = _optimizer_sharded(optimizer, model_sharded, keys)
         state["optimizer_state_keys"] = keys
+    _writer_results_queue()
     dist_checkpointing.save(state, str(staging))
     torch.distributed.barrier()
     if rank == 0:
@@ -134,12 +178,10 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
                 "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
                 "pipeline_parallel": ps.get_pipeline_model_parallel_world_size(),
                 "config": config_dict(cfg) if cfg is not None else None}
-        (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
+        write_durably(staging / META, json.dumps(meta, indent=2) + "\n")
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(staging, directory)
-        tmp = Path(root) / "latest.tmp"
-        tmp.write_text(f"{step}\n")
-        os.replace(tmp, Path(root) / "latest")
+        write_durably(Path(root) / "latest", f"{step}\n")
     torch.distributed.barrier()
     return directory
 

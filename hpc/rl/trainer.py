@@ -32,7 +32,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import random
 import shutil
 import statistics
@@ -310,7 +309,7 @@ class Trainer:
         """Checkpoint the models, the optimizers and the run's position (collective). The trainer
         state file, renamed into place last, publishes the step (`complete_step`): a save killed
         before it leaves the previous checkpoint as the one a resume takes."""
-        from hpc.policy.checkpoint import save_checkpoint
+        from hpc.policy.checkpoint import save_checkpoint, write_durably
 
         step = self.position.step
         root = self.checkpoint_root
@@ -323,9 +322,7 @@ class Trainer:
                 torch.save(self.rft_samples, root / f"rft.{step}.pt")
             state = {"position": vars(self.position), "reference": self.reference is not None,
                      "config": train_config_dict(self.cfg)}
-            tmp = root / f"{STATE_FILE}.{step}.tmp"
-            tmp.write_text(json.dumps(state, indent=1, default=str))
-            os.replace(tmp, root / f"{STATE_FILE}.{step}")
+            write_durably(root / f"{STATE_FILE}.{step}", json.dumps(state, indent=1, default=str))
         self._barrier()
         return root / "policy"
 
