@@ -7,7 +7,8 @@ row's median across runs. Per generated kernel: the launch config torch.compile'
 in each run (picks-K.json beside run-K.h5), and which kernels got different picks.
 
     python benchmarks/reward_repeat.py --backend cpu --runs 3 [--only level2] [--jobs 1] [--keep DIR]
-    python benchmarks/reward_repeat.py --tables DIR      the tables again, from the runs kept in DIR
+    python benchmarks/reward_repeat.py --tables DIR [--beside DIR1]   the tables again, from the runs kept in
+                                                        DIR (and one run kept in DIR1 against their medians)
     python benchmarks/reward_repeat.py ... --first 2 --runs 1 --keep DIR   one more run (run-2) into DIR
 
 Bar (issue 21): at least 95% of rows get the same reward in every run, and every row's
@@ -87,9 +88,9 @@ def differing_picks(keep: Path) -> list[str]:
 
 def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
-    speedup vs eager)}."""
+    speedup vs eager, calls a frame)}."""
     return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms,
-                        r.speedup_eager) for r in read_records(path)}
+                        r.speedup_eager, json.loads(r.seeds or "{}").get("burst", "")) for r in read_records(path)}
 
 
 def spread_pct(xs: list[float]) -> str:
@@ -111,6 +112,8 @@ def main() -> int:
     p.add_argument("--scale", choices=("cpu", "gpu"), default=None, help="default: the backend's own")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's records (run-K.h5) in this folder")
     p.add_argument("--tables", type=Path, default=None, help="no runs: the tables of the run-K.h5 files here")
+    p.add_argument("--beside", type=Path, default=None,
+                   help="a folder with one more run (run-0.h5, e.g. --jobs 1) to set against the medians")
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--config", type=Path, default=None, help="evaluation config for every run (docs/config.md)")
     p.add_argument("--only", action="append", default=[])
@@ -132,7 +135,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 4)) for run in runs]
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 5)) for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
         ok = all(r[2] == "ok" for r in rows)
@@ -147,14 +150,26 @@ def main() -> int:
         rows = [run[task] for run in runs if task in run]
         print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) + f" ({spread_pct([r[i] for r in rows])})"
                                          for i in (3, 4, 5, 6)) + " |")
-    print("\n| task | candidate ms | eager ms | compile ms | vs eager | vs compile |\n|---|---|---|---|---|---|")
+    beside = {}
+    if args.beside:   # one more run, under other settings (--jobs 1), against the medians
+        (beside,) = [figures(path) for path in sorted(args.beside.glob("run-*.h5"))[:1]] or [{}]
+    print("\n| task | calls a frame | rewards | candidate ms (spread) | eager ms (spread) | torch.compile ms (spread) "
+          "| vs compile (spread) |" + (" beside: vs compile, reward |" if args.beside else "")
+          + "\n|---|---|---|---|---|---|---|" + ("---|" if args.beside else ""))
     medians: dict[str, list[float]] = {}
-    for task in tasks:   # the suite table: each figure's median over the runs
+    for task in tasks:   # the suite table: each figure's median over the runs, and its spread
         rows = [run[task] for run in runs if task in run and run[task][2] == "ok"]
-        if rows:
-            medians[task] = [statistics.median(r[i] for r in rows) for i in (3, 4, 5, 7, 1)]
-            print(f"| {task} | " + " | ".join(f"{x:.4f}" for x in medians[task][:3]) + " | "
-                  + " | ".join(f"{x:.2f}x" for x in medians[task][3:]) + " |")
+        if not rows:
+            continue
+        medians[task] = [statistics.median(r[i] for r in rows) for i in (3, 4, 5, 7, 1)]
+        cells = [f"{statistics.median(r[i] for r in rows):.4f} ({spread_pct([r[i] for r in rows])})" for i in (3, 4, 5)]
+        cells.append(f"{medians[task][4]:.2f}x ({spread_pct([r[1] for r in rows])})")
+        line = f"| {task} | {rows[0][8]} | {'/'.join(f'{r[0]:g}' for r in rows)} | " + " | ".join(cells) + " |"
+        if args.beside:
+            other = beside.get(task)
+            line += (f" {other[1]:.2f}x ({100 * (other[1] / medians[task][4] - 1):+.1f}%), {other[0]:g} |"
+                     if other and other[2] == "ok" else " not run |")
+        print(line)
     beat = sum(all(run.get(task, (0, 0.0))[1] > 1.05 for run in runs) for task in tasks)
     n = len(tasks)
     print(f"\nfaster than torch.compile by more than 5% in every run: {beat}/{n}; geomean of the medians: "
