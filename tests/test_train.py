@@ -197,6 +197,91 @@ def test_resume_continues_with_the_same_next_step(tmp_path):
     assert resumed[4]["stage"] == "ppo" and resumed[4]["samples"] == 2
 
 
+KILL_SWEEP = """
+import os, sys
+from pathlib import Path
+
+
+def main():
+    root, config, at = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    import megatron.core, torch   # imported once, before the forks
+    from jobs.train import train
+    for n in map(int, sys.argv[4:]):
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(at - n):   # strace counts each process's renames from 1: these shift its n-th to `at`
+                try:
+                    os.rename("/nonexistent/a", "/nonexistent/b")
+                except OSError:
+                    pass
+            try:
+                train(config, str(root / f"k{n}"), quiet=True)
+            except BaseException as e:
+                print(f"k{n}: {type(e).__name__}: {e}", file=sys.stderr)
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print(f"k{n} {status}", flush=True)
+
+
+if __name__ == "__main__":   # megatron's checkpoint writer spawns a process that imports this file
+    main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (scripts/system-deps.sh installs it)")
+def test_a_kill_at_any_step_of_a_save_resumes_from_a_complete_checkpoint(tmp_path):
+    """Two SFT steps, a checkpoint after each. The trainer is SIGKILLed at each rename of the second
+    save in turn (strace's fault injection, before the call: every state the checkpoint folders
+    pass through, from the policy's staging folder to the trainer state that publishes the step),
+    then run again on the same folder: it resumes from a complete checkpoint, never a partial one,
+    and ends with the rows of an uninterrupted run, each step once."""
+    from hpc.results.training import read_steps
+
+    config = small_config(tmp_path, checkpoint_every=1)
+    data = yaml.safe_load(config.read_text())
+    data["stages"] = data["stages"][:1]
+    data["stages"][0]["steps"] = 2
+    config.write_text(yaml.safe_dump(data))
+    script = tmp_path / "sweep.py"
+    script.write_text(KILL_SWEEP)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def sweep(at: int, points: list[int], *strace: str) -> str:
+        proc = subprocess.run(["strace", "-f", "-qq", *strace, sys.executable, "-W", "ignore", str(script),
+                               str(tmp_path), str(config), str(at), *map(str, points)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    big = 10_000   # beyond every rename of a run: the reference run is never killed
+    sweep(big, [big], "-o", str(tmp_path / "trace"), "-e", "trace=rename")
+    whole = read_steps(tmp_path / f"k{big}" / "train.h5")
+    assert [r["step"] for r in whole] == [1, 2]
+    trace = (tmp_path / "trace").read_text().splitlines()
+    main = next(line.split()[0] for line in trace if "trainer.json.2" in line)   # the trainer's pid
+    renames = [line for line in trace if line.startswith(main + " ") and "rename(" in line]
+    names = [line.split('"')[1] for line in renames]
+    first = next(k for k, name in enumerate(names) if "trainer.json.1" in name) + 1
+    last = next(k for k, name in enumerate(names) if "trainer.json.2" in name) + 1
+    points = list(range(first + 1, last + 1))   # every rename of the second save (1-based, as strace counts)
+    assert any("policy/iter_0000002.partial" in names[k - 1] for k in points), names
+    killed = sweep(big, points, "-o", os.devnull, "-e", "trace=rename", "-e", f"inject=rename:signal=KILL:when={big}")
+    for n in points:
+        assert f"k{n} 9" in killed, (n, killed)   # SIGKILLed at its n-th rename
+        done = tmp_path / f"k{n}" / "checkpoints"
+        assert not (done / "trainer.json.2").exists(), n
+    resumed = subprocess.run([sys.executable, "-W", "ignore", str(script), str(tmp_path), str(config), "0",
+                              *map(str, points)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    for n in points:   # each killed run, run again on its folder (no strace: at 0 shifts nothing)
+        assert f"k{n} 0" in resumed.stdout, (n, resumed.stdout, resumed.stderr[-3000:])
+        rows = read_steps(tmp_path / f"k{n}" / "train.h5")
+        assert [r["step"] for r in rows] == [1, 2], n
+        for a, b in zip(whole, rows):
+            assert a["sft_loss"] == pytest.approx(b["sft_loss"], rel=1e-5), (n, a, b)
+
+
 @pytest.mark.slow
 def test_a_trainer_killed_after_a_save_leaves_no_process_behind(tmp_path):
     """megatron's checkpoint writer serves its results queue from a process spawned at the first
