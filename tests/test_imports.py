@@ -140,3 +140,15 @@ def test_the_harness_never_imports_the_runner():
                        if not _in_runner(module) and any(map(_in_runner, edges)))
     assert not importers, ("hpc.runner runs inside sandboxed workers and is never imported by the harness "
                            "(hpc/runner/__init__.py): " + "; ".join(importers))
+
+
+def test_no_job_script_imports_another():
+    """jobs/ holds the commands; what one needs of another's work lives in hpc/ (the trainer's
+    report is hpc.analysis.runs, not jobs/analyze.py)."""
+    found = []
+    for path in sorted((ROOT / "jobs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name} imports {name}" for name in names if name == "jobs" or name.startswith("jobs.")]
+    assert not found, "; ".join(found)

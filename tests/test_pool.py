@@ -51,6 +51,18 @@ def _finish(proc: subprocess.Popen, timeout: float = 900) -> str:
     return out
 
 
+def _kill_rank_once_streaming(proc: subprocess.Popen, out: Path, tmp_path: Path, rank: int) -> None:
+    """SIGKILL MPI rank `rank` of the pool `proc` once its first result is in `out`."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and read_records(out):
+            break
+        time.sleep(0.5)
+    victim = process_with(b"hpc.pool", f"OMPI_COMM_WORLD_RANK={rank}", f"TMPDIR={tmp_path}")
+    assert victim is not None and proc.poll() is None, f"pool finished before rank {rank} could be killed"
+    os.kill(victim, signal.SIGKILL)
+
+
 def test_pool_answers_every_request_once_and_a_rerun_skips_finished_ones(tmp_path, cache_dir):
     tasks, solutions = _suite(tmp_path, 4)
     out = tmp_path / "pool.h5"
@@ -89,14 +101,7 @@ def test_a_worker_rank_killed_mid_batch_loses_no_result(tmp_path, cache_dir):
     tasks, solutions = _suite(tmp_path, 6)
     out = tmp_path / "pool.h5"
     proc = _pool(4, tasks, solutions, out, cache_dir, "--dead-after", "6")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and read_records(out):
-            break
-        time.sleep(0.5)
-    victim = process_with(b"hpc.pool", "OMPI_COMM_WORLD_RANK=2", f"TMPDIR={tmp_path}")
-    assert victim is not None and proc.poll() is None, "pool finished before a rank could be killed"
-    os.kill(victim, signal.SIGKILL)
+    _kill_rank_once_streaming(proc, out, tmp_path, 2)
     log = _finish(proc)
     assert proc.returncode == 0, log
     assert "lost worker rank 2" in log, log
@@ -112,14 +117,7 @@ def test_workers_leave_when_the_coordinator_is_killed(tmp_path, cache_dir):
     tasks, solutions = _suite(tmp_path, 6)
     out = tmp_path / "pool.h5"
     proc = _pool(3, tasks, solutions, out, cache_dir, "--coordinator-silent", "5")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and read_records(out):
-            break
-        time.sleep(0.5)
-    coordinator = process_with(b"hpc.pool", "OMPI_COMM_WORLD_RANK=0", f"TMPDIR={tmp_path}")
-    assert coordinator is not None and proc.poll() is None, "pool finished before its coordinator could be killed"
-    os.kill(coordinator, signal.SIGKILL)
+    _kill_rank_once_streaming(proc, out, tmp_path, 0)
     killed = time.monotonic()
     log = _finish(proc, timeout=120)   # its status says nothing: mpirun --enable-recovery exits 0 whatever the ranks did
     assert time.monotonic() - killed < 60, log
