@@ -64,20 +64,15 @@ def one_run(args: argparse.Namespace, folder: Path, keep: Path, k: int) -> Path:
 
 
 def autotune_picks(inductor: Path) -> dict[str, dict]:
-    """{kernel (its name, which says what it computes, and its file's hash): the launch config
-    inductor's autotuner kept for it} from an inductor cache (its .best_config files beside the
-    kernels' sources; the time the pick took and the cache hashes left out)."""
+    """{kernel file: the launch config inductor's autotuner kept for it} from an inductor cache
+    (its .best_config files; the time the pick took and the cache hashes left out)."""
     picks = {}
     for path in sorted(inductor.rglob("*.best_config")):
         try:
             pick = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        source = path.with_suffix(".py")
-        kernel = next((line.split("(")[0][4:] for line in (source.read_text().splitlines() if source.exists() else [])
-                       if line.startswith("def triton_")), "")   # e.g. triton_per_fused_mean_0: what it computes
-        picks[f"{kernel} {path.stem[:12]}".strip()] = {k: v for k, v in pick.items()
-                                                        if "time" not in k and "hash" not in k}
+        picks[path.stem] = {k: v for k, v in pick.items() if "time" not in k and "hash" not in k}
     return picks
 
 
