@@ -246,12 +246,12 @@ def _import_kernelbench(args) -> int:
 
 
 def _synthesize(args) -> int:
-    from hpc.errors import check_out_folder
+    from hpc.errors import writable_folder
     from hpc.synthesis.config import config_from_args
     from hpc.synthesis.shards import print_report, run_local
 
     cfg = config_from_args(args)
-    out = check_out_folder(args.out)
+    out = writable_folder(args.out)
     print_report(run_local(cfg, out), out)
     return 0
 

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser  # noqa: E402
-from hpc.errors import UserError, check_out_folder  # noqa: E402
+from hpc.errors import UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard is not None and not 0 <= args.shard < args.shards:
             raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = config_from_args(args)
-        out = check_out_folder(args.out).resolve()
+        out = writable_folder(args.out).resolve()
         if args.merge:
             return _report(merge(out, cfg), out)
         count = len(Source(cfg))

@@ -293,16 +293,19 @@ def read_only(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["eval-suite", "jobs/evaluate.py"])
+@pytest.mark.parametrize("command", ["eval-suite", "jobs/evaluate.py", "jobs/train.py", "synthesize",
+                                     "jobs/synthesize.py"])
 def test_a_read_only_out_is_one_error_line_and_exit_2(read_only, command):
     tasks, solutions = ROOT / "kernels" / "tasks", ROOT / "kernels" / "solutions"
-    if command == "eval-suite":
-        cmd = [sys.executable, "-m", "hpc.cli", "eval-suite", str(tasks), str(solutions), "--only", "level1/01",
-               "--out", str(read_only / "r.h5")]
-    else:
-        cmd = [sys.executable, "jobs/evaluate.py", str(tasks), str(solutions), "--only", "level1/01", "--out",
-               str(read_only / "run"), "--executor", "local"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    cmd = {"eval-suite": ["-m", "hpc.cli", "eval-suite", str(tasks), str(solutions), "--only", "level1/01",
+                          "--out", str(read_only / "r.h5")],
+           "jobs/evaluate.py": ["jobs/evaluate.py", str(tasks), str(solutions), "--only", "level1/01", "--out",
+                                str(read_only / "run"), "--executor", "local"],
+           "jobs/train.py": ["jobs/train.py", "--config", "configs/train/default.yaml", "--out", str(read_only / "run")],
+           "synthesize": ["-m", "hpc.cli", "synthesize", "--count", "1", "--out", str(read_only / "run")],
+           "jobs/synthesize.py": ["jobs/synthesize.py", "--count", "1", "--out", str(read_only / "run"),
+                                  "--executor", "local"]}[command]
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=ROOT, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and "read-only file system" in lines[0].lower(), lines

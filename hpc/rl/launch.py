@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.entry import exit_now
-from hpc.errors import UserError, check_out_folder
+from hpc.errors import UserError, check_out_folder, writable_folder
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,7 @@ def train(config: str, out: str, pool: bool = False, trainers: int = 1, quiet: b
 
     check_out_folder(out)
     cfg = load_train_config(config)
+    writable_folder(out)   # a read-only one said in one line here, not as a traceback from deep inside
     if pool:
         return _pool(cfg, Path(out), trainers, quiet)
     return _local(cfg, Path(out), quiet)
