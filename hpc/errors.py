@@ -110,3 +110,50 @@ def writable_folder(path: str | os.PathLike, option: str = "--out") -> Path:
     except OSError as e:
         raise UserError(f"{option} {shown(path)}: cannot write ({e.strerror or e})") from None
     return path
+
+
+def storage_reason(e: BaseException) -> str | None:
+    """What the storage refused, in a few words, when `e` (an OSError, or a library's error whose
+    text holds one: HDF5's, a checkpoint writer's) is a full disk, a quota or a read-only file
+    system; None for anything else. Looks through what `e` wraps too: its cause and context, and
+    the per-rank failures of torch's CheckpointException."""
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        error = todo.pop()
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        reason = _storage_reason_of(error)
+        if reason:
+            return reason
+        todo += [x for x in (error.__cause__, error.__context__) if x is not None]
+        failures = getattr(error, "failures", None)   # {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                todo += [x for x in (failure if isinstance(failure, tuple) else (failure,))
+                         if isinstance(x, BaseException)]
+    return None
+
+
+def _storage_reason_of(e: BaseException) -> str | None:
+    text = str(e)
+    code = getattr(e, "errno", None)
+    if code == errno.ENOSPC or "No space left" in text or "errno = 28," in text:
+        return "no space left on device"
+    if code == errno.EDQUOT or "Disk quota exceeded" in text:
+        return "disk quota exceeded"
+    if code == errno.EROFS or "Read-only file system" in text or "errno = 30," in text:
+        return "read-only file system"
+    return None
+
+
+def os_reason(e: BaseException) -> str:
+    """An OSError (or a library's error whose text holds one) in a few words."""
+    reason = storage_reason(e)
+    if reason:
+        return reason
+    text = str(e)
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return text.splitlines()[0] if text else type(e).__name__

@@ -283,6 +283,39 @@ def test_a_kill_at_any_step_of_a_save_resumes_from_a_complete_checkpoint(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_full_disk_during_a_save_is_one_error_line_and_the_run_resumes_with_room(tmp_path):
+    """megatron's writer reports a full disk from its worker processes, wrapped (or as torch's
+    "unexpected pos"): the trainer says it in one line, exit 2, leaves no staging folder behind,
+    and the same command resumes once there is room."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        config = small_config(tmp_path, checkpoint_every=1)
+        data = yaml.safe_load(config.read_text())
+        data["stages"] = [{"name": "warmup_sft", "kind": "sft", "steps": 2, "lr": 3e-3, "batch_size": 2}]
+        config.write_text(yaml.safe_dump(data))
+        command = [sys.executable, "jobs/train.py", "--config", str(config), "--out", str(disk / "run"), "-q"]
+        full = _run(command)
+        lines = full.stderr.strip().splitlines()
+        assert full.returncode == 2 and len(lines) == 1, full.stderr[-3000:]
+        assert lines[0].startswith("error: checkpoint ") and "no space left on device" in lines[0], lines
+        assert not list((disk / "run" / "checkpoints").rglob("*.partial")), "a staging folder was left behind"
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        again = _run(command)
+        assert again.returncode == 0, again.stderr[-3000:]
+        from hpc.results.training import read_steps
+
+        assert [r["step"] for r in read_steps(disk / "run" / "train.h5")] == [1, 2]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.mark.slow
 def test_a_trainer_killed_after_a_save_leaves_no_process_behind(tmp_path):
     """megatron's checkpoint writer serves its results queue from a process spawned at the first
     save; SIGKILL of the trainer must end it (and whatever else it started) too."""

@@ -18,3 +18,6 @@ warnings.filterwarnings("ignore", message=r"full scope is deprecated", category=
 warnings.filterwarnings("ignore", message=r"(`load_state_dict` is deprecated|Please use DTensor instead)",
                         category=FutureWarning)
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+# megatron's checkpoint writer logs each failed write before raising it (hpc.policy.checkpoint says
+# it in one line, or lets the exception through): the log line would only say it twice.
+logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").setLevel(logging.CRITICAL)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hpc.errors import UserError
+from hpc.errors import UserError, storage_reason
 from hpc.policy.config import PolicyModelConfig, config_dict, policy_config
 
 if TYPE_CHECKING:
@@ -111,6 +111,15 @@ def write_durably(path: Path, text: str) -> None:
     replace_durably(tmp, path)
 
 
+def _no_room(folder: Path) -> str | None:
+    """"no space left on device" when the file system of `folder` has under 1 MiB left."""
+    try:
+        st = os.statvfs(folder if folder.exists() else folder.parent)
+    except OSError:
+        return None
+    return "no space left on device" if st.f_bavail * st.f_frsize < 1 << 20 else None
+
+
 def _die_with(parent: int) -> None:
     """In a child process: SIGKILL when `parent` ends (PR_SET_PDEATHSIG), or now if it already has."""
     import ctypes
@@ -171,7 +180,16 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
         state["optimizer"] = _optimizer_sharded(optimizer, model_sharded, keys)
         state["optimizer_state_keys"] = keys
     _writer_results_queue()
-    dist_checkpointing.save(state, str(staging))
+    try:
+        dist_checkpointing.save(state, str(staging))
+    except BaseException as e:   # torch's CheckpointException is a BaseException, wrapping the writers' errors
+        reason = storage_reason(e) or _no_room(staging)   # torch's writer may say only "unexpected pos"
+        if reason is None:
+            raise
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)   # what it wrote gives the room back
+        raise UserError(f"checkpoint {directory}: cannot write ({reason}); the checkpoints saved before it "
+                        f"are whole: make room and run again to resume from the last") from None
     torch.distributed.barrier()
     if rank == 0:
         meta = {"step": step, "optimizer": optimizer is not None,

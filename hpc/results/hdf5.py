@@ -28,7 +28,6 @@ copied without it) gets one from its complete rows the first time a writer opens
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -43,7 +42,7 @@ from typing import TypeVar
 import h5py
 import numpy as np
 
-from hpc.errors import UserError, shown
+from hpc.errors import UserError, os_reason, shown
 from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
 from hpc.results.record import FIELDS, EvalRecord, record_key
 
@@ -147,7 +146,7 @@ class AppendingFile:
             yield
         except (OSError, RuntimeError) as e:
             self.failed = True
-            raise UserError(f"results {self.path}: cannot write ({_why(e)}); the rows written before are kept "
+            raise UserError(f"results {self.path}: cannot write ({os_reason(e)}); the rows written before are kept "
                             "and the next writer (or `hpc repair`) restores them") from None
 
     def close(self) -> None:
@@ -368,26 +367,13 @@ def _writer_lock(path: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise UserError(f"results {path}: cannot write ({_why(e)})") from None
+        raise UserError(f"results {path}: cannot write ({os_reason(e)})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise UserError(f"results {path}: another process is writing it (one writer per file)") from None
     return fd
-
-
-def _why(e: BaseException) -> str:
-    """An OSError (or HDF5's error, whose text holds the errno) in a few words."""
-    text = str(e)
-    code = getattr(e, "errno", None)
-    if code == errno.ENOSPC or "No space left" in text or "errno = 28," in text:
-        return "no space left on device"
-    if code == errno.EROFS or "Read-only file system" in text or "errno = 30," in text:
-        return "read-only file system"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 REBUILT, CONSISTENT, CREATED, STARTED = "rebuilt from its journal", "intact", "created", "journal started"
@@ -421,7 +407,7 @@ def _reconcile(path: Path) -> tuple[Journal, str]:
         _rebuild(path, entries)
         return Journal(jpath, length), action
     except OSError as e:
-        raise UserError(f"results {path}: cannot write ({_why(e)})") from None
+        raise UserError(f"results {path}: cannot write ({os_reason(e)})") from None
 
 
 def _probe(path: Path) -> tuple[str | None, dict[str, int] | None] | None:
@@ -491,11 +477,11 @@ def _rebuild(path: Path, entries: list[dict]) -> None:
         replace_durably(tmp, path)
     except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
-        if _why(e) == "no space left on device" and path.exists() and path.stat().st_size:
+        if os_reason(e) == "no space left on device" and path.exists() and path.stat().st_size:
             log.warning("results %s: no room for its rebuilt copy beside it; emptied it first", path)
             os.truncate(path, 0)
             return _rebuild(path, entries)
-        raise UserError(f"results {path}: cannot rebuild it from its journal ({_why(e)})") from None
+        raise UserError(f"results {path}: cannot rebuild it from its journal ({os_reason(e)})") from None
 
 
 def _table_counts(path: Path) -> str:
@@ -508,7 +494,7 @@ def _open_for_append(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "a", libver="latest")
     except OSError as e:
-        raise UserError(f"results {path}: cannot open for writing ({_why(e)})") from None
+        raise UserError(f"results {path}: cannot open for writing ({os_reason(e)})") from None
 
 
 def switch_in(src: Path, dst: Path) -> None:
@@ -533,7 +519,7 @@ def repair(path: str | os.PathLike) -> str:
             journal.append({"op": "close"})
         journal.close()
     except OSError as e:
-        raise UserError(f"results {path}: cannot write ({_why(e)})") from None
+        raise UserError(f"results {path}: cannot write ({os_reason(e)})") from None
     finally:
         os.close(lock)
     return f"{path}: {action} ({_table_counts(path)})"

@@ -45,7 +45,7 @@ import torch
 from hpc.agent.backend import EvalBackend
 from hpc.agent.config import agent_config, agent_config_dict
 from hpc.agent.episode import Episode
-from hpc.errors import UserError
+from hpc.errors import UserError, os_reason
 from hpc.policy.chat import ChatFormat, chat_format
 from hpc.policy.generate import SamplingParams
 from hpc.policy.model import load_stages
@@ -318,11 +318,16 @@ class Trainer:
         if self.reference is not None:
             save_checkpoint(root / "reference", step, self.reference, None, self.model_cfg)
         if self.is_writer:
-            if self.rft_samples:
-                torch.save(self.rft_samples, root / f"rft.{step}.pt")
             state = {"position": vars(self.position), "reference": self.reference is not None,
                      "config": train_config_dict(self.cfg)}
-            write_durably(root / f"{STATE_FILE}.{step}", json.dumps(state, indent=1, default=str))
+            try:
+                if self.rft_samples:
+                    torch.save(self.rft_samples, root / f"rft.{step}.pt")
+                write_durably(root / f"{STATE_FILE}.{step}", json.dumps(state, indent=1, default=str))
+            except OSError as e:
+                raise UserError(f"checkpoint {root}: step {step} cannot be written ({os_reason(e)}); the "
+                                f"checkpoints saved before it are whole: make room and run again to resume "
+                                f"from the last") from None
         self._barrier()
         return root / "policy"
 
