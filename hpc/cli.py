@@ -251,7 +251,7 @@ def _synthesize(args) -> int:
     from hpc.synthesis.shards import print_report, run_local
 
     cfg = config_from_args(args)
-    out = writable_folder(args.out)
+    out = writable_folder(args.out, make=False)   # made once the source checked out
     print_report(run_local(cfg, out), out)
     return 0
 

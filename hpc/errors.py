@@ -98,11 +98,19 @@ def check_out_folder(path: str | os.PathLike, option: str = "--out") -> Path:
     return path
 
 
-def writable_folder(path: str | os.PathLike, option: str = "--out") -> Path:
-    """A run folder, made if missing and known to take new files: a read-only one (or file system)
-    is refused here in one line, before any work, not as a traceback deep inside the run."""
+def writable_folder(path: str | os.PathLike, option: str = "--out", make: bool = True) -> Path:
+    """A run folder known to take new files: a read-only one (or file system) is refused here in
+    one line, before any work, not as a traceback deep inside the run. With `make` it is made if
+    missing (and probed with a file); without, a missing one is left for the command to make once
+    its input checked out, and the folder it would be made in is asked instead."""
     path = check_out_folder(path, option)
     try:
+        if not make and not path.exists():
+            parent = next(folder for folder in path.parents if folder.exists())
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise OSError(errno.EROFS if _read_only(parent) else errno.EACCES,
+                              os.strerror(errno.EROFS if _read_only(parent) else errno.EACCES))
+            return path
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
         os.close(fd)
@@ -110,6 +118,13 @@ def writable_folder(path: str | os.PathLike, option: str = "--out") -> Path:
     except OSError as e:
         raise UserError(f"{option} {shown(path)}: cannot write ({e.strerror or e})") from None
     return path
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def storage_reason(e: BaseException) -> str | None:

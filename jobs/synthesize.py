@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.shard is not None and not 0 <= args.shard < args.shards:
             raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = config_from_args(args)
-        out = writable_folder(args.out).resolve()
+        out = writable_folder(args.out, make=False).resolve()
         if args.merge:
             return _report(merge(out, cfg), out)
         count = len(Source(cfg))
