@@ -108,8 +108,8 @@ def writable_folder(path: str | os.PathLike, option: str = "--out", make: bool =
         if not make and not path.exists():
             parent = next(folder for folder in path.parents if folder.exists())
             if not os.access(parent, os.W_OK | os.X_OK):
-                raise OSError(errno.EROFS if _read_only(parent) else errno.EACCES,
-                              os.strerror(errno.EROFS if _read_only(parent) else errno.EACCES))
+                code = errno.EROFS if _read_only(parent) else errno.EACCES
+                raise OSError(code, os.strerror(code))
             return path
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)

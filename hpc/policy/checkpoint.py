@@ -183,6 +183,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
     try:
         dist_checkpointing.save(state, str(staging))
     except BaseException as e:   # torch's CheckpointException is a BaseException, wrapping the writers' errors
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
         reason = storage_reason(e) or _no_room(staging)   # torch's writer may say only "unexpected pos"
         if reason is None:
             raise

@@ -4,9 +4,9 @@ One worker per GPU: `pin_device` picks it from the rank's place among its node's
 While it evaluates, a thread sends heartbeats so the coordinator can tell a slow evaluation from
 a dead rank; the coordinator pings back, and a worker that hears nothing from it for
 `coordinator_silent_s` leaves (exit 3, its evaluations' processes with it) rather than wait on a
-coordinator that is gone: under `mpirun --enable-recovery` nothing else would end it. Several requests run at once (`concurrency`), sharing the device except while one is
-timed, and the next request's compilation starts while they run, so the GPU does not wait on the
-compiler.
+coordinator that is gone: under `mpirun --enable-recovery` nothing else would end it. Several
+requests run at once (`concurrency`), sharing the device except while one is timed, and the next
+request's compilation starts while they run, so the GPU does not wait on the compiler.
 """
 
 from __future__ import annotations

@@ -78,10 +78,10 @@ class DeviceLock:
                 self.seconds["lock_held_exclusive"] += time.monotonic() - got
 
     def autotuning(self) -> ContextManager[None]:
-        """The lock for a first call that autotunes (torch.compile's): exclusive on cuda. Timed
-        beside other evaluations' device work, inductor's pick followed their load (level1/03_sum_dim's
-        compiled figure read 0.085 ms from a quiet compile, 0.101-0.111 ms from ones beside three
-        other evaluations, docs/benchmarks.md). On cpu nothing is timed at a first call: shared."""
+        """The lock for a first call that autotunes (torch.compile's): exclusive on cuda, since
+        inductor picks each kernel's launch config by timing the candidates there, and a pick timed
+        beside other evaluations' device work follows their load and stays in the shared cache. On
+        cpu nothing is timed at a first call: shared."""
         return self.exclusive() if self.backend == "cuda" else self.shared()
 
     @contextmanager
