@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.compile.native import SOURCE_SUFFIX
-from hpc.errors import CandidateError, UserError, os_reason, read_input, shown, utf8_name
+from hpc.errors import CandidateError, UserError, read_input, read_reason, shown, utf8_name
 
 SINGLE_FILE = "single_file"
 WORKDIR = "workdir"
@@ -59,7 +59,7 @@ def load_candidate(path: str | Path) -> Candidate:
     except (FileNotFoundError, NotADirectoryError):
         raise UserError(f"{what}: no such file or folder") from None
     except OSError as e:
-        raise CandidateError(f"{what}: {os_reason(e)}") from None
+        raise CandidateError(f"{what}: {read_reason(e)}") from None
     budget = _Budget(what)
     if stat.S_ISDIR(st.st_mode):
         files = {MODEL_FILE: budget.read(path, MODEL_FILE)}
@@ -70,7 +70,7 @@ def load_candidate(path: str | Path) -> Candidate:
             try:
                 names = sorted(os.listdir(kdir))
             except OSError as e:
-                raise CandidateError(f"{what}: kernels: {os_reason(e)}") from None
+                raise CandidateError(f"{what}: kernels: {read_reason(e)}") from None
             for name in names:
                 if os.path.splitext(name)[1] in KERNEL_SUFFIXES:
                     files[f"kernels/{name}"] = budget.read(path, f"kernels/{name}")

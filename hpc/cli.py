@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 
 from hpc.entry import Parser
-from hpc.errors import CandidateError, UserError, os_reason, shown
+from hpc.errors import CandidateError, UserError, read_reason, shown
 from hpc.logs import add_logging_args, setup_logging
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def _not_special(path: str, what: str) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        raise UserError(f"{what}: {os_reason(e)}") from None
+        raise UserError(f"{what}: {read_reason(e)}") from None
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{what}: {'is a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
 

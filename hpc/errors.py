@@ -50,7 +50,7 @@ def read_input(path: Path, limit: int, what: str, error: type[UserError] = UserE
     except FileNotFoundError:
         raise error(f"{what}: no such file") from None
     except OSError as e:
-        raise error(f"{what}: {os_reason(e)}") from None
+        raise error(f"{what}: {read_reason(e)}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -69,20 +69,16 @@ def read_input(path: Path, limit: int, what: str, error: type[UserError] = UserE
             raise error(f"{what}: too large (over {limit} bytes)")
         return data
     except OSError as e:
-        raise error(f"{what}: {os_reason(e)}") from None
+        raise error(f"{what}: {read_reason(e)}") from None
     finally:
         os.close(fd)
 
 
-def os_reason(e: OSError) -> str:
-    """Why a file could not be opened or read, in a few words."""
-    if e.errno == errno.ELOOP:
-        return "a symbolic link loop"
-    if e.errno == errno.EISDIR:
-        return "is a folder"
-    if e.errno == errno.ENOTDIR:
-        return "a folder on its path is a file"
-    return f"cannot read ({e.strerror or e})"
+def read_reason(e: BaseException) -> str:
+    """Why an input could not be opened or read, in a few words."""
+    if getattr(e, "errno", None) in (errno.ELOOP, errno.EISDIR, errno.ENOTDIR):
+        return os_reason(e)
+    return f"cannot read ({os_reason(e)})"
 
 
 def check_out_folder(path: str | os.PathLike, option: str = "--out") -> Path:
@@ -168,6 +164,13 @@ def os_reason(e: BaseException) -> str:
     reason = storage_reason(e)
     if reason:
         return reason
+    code = getattr(e, "errno", None)
+    if code == errno.ELOOP:
+        return "a symbolic link loop"
+    if code == errno.EISDIR:
+        return "is a folder"
+    if code == errno.ENOTDIR:
+        return "a folder on its path is a file"
     text = str(e)
     if isinstance(e, OSError) and e.strerror:
         return e.strerror

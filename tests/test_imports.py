@@ -152,3 +152,28 @@ def test_no_job_script_imports_another():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name} imports {name}" for name in names if name == "jobs" or name.startswith("jobs.")]
     assert not found, "; ".join(found)
+
+
+def redefined(source: str) -> list[str]:
+    """Top-level functions and classes a module defines more than once: the later one silently
+    replaces the earlier for every caller (two `os_reason`s once turned every link-loop message
+    into the OS's own words)."""
+    seen: dict[str, int] = {}
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name in seen:
+                found.append(f"{node.name} (lines {seen[node.name]} and {node.lineno})")
+            seen[node.name] = node.lineno
+    return found
+
+
+def test_redefined_sees_a_second_definition():
+    assert redefined("def f(): pass\nclass C: pass\ndef f(): pass\n") == ["f (lines 1 and 3)"]
+    assert redefined("def f(): pass\ndef g(): pass\n") == []
+
+
+def test_no_module_defines_a_name_twice():
+    found = [f"{path.relative_to(ROOT)}: {name}" for root in ("hpc", "jobs", "benchmarks")
+             for path in sorted((ROOT / root).rglob("*.py")) for name in redefined(path.read_text())]
+    assert not found, "; ".join(found)

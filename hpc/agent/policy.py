@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpc.errors import UserError
+from hpc.errors import UserError, read_reason
 
 
 class ReplayPolicy:
@@ -36,7 +36,7 @@ class ReplayPolicy:
         try:
             data = json.loads(Path(path).read_text())
         except OSError as e:
-            raise UserError(f"replies {path}: cannot read ({e.strerror})") from None
+            raise UserError(f"replies {path}: {read_reason(e)}") from None
         except json.JSONDecodeError as e:
             raise UserError(f"replies {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if isinstance(data, dict) and isinstance(data.get("messages"), list):

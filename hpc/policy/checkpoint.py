@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hpc.errors import UserError, storage_reason
+from hpc.errors import UserError, read_reason, storage_reason
 from hpc.policy.config import PolicyModelConfig, config_dict, policy_config
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ def checkpoint_config(root: str | os.PathLike, step: int | None = None) -> Polic
     try:
         meta = json.loads(meta_file.read_text())
     except OSError as e:
-        raise UserError(f"{meta_file}: cannot read ({e.strerror})") from None
+        raise UserError(f"{meta_file}: {read_reason(e)}") from None
     if not meta.get("config"):
         raise UserError(f"{meta_file}: saved without a model config")
     return policy_config(meta["config"])

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hpc.errors import UserError
+from hpc.errors import UserError, read_reason
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 from hpc.policy.config import PolicyModelConfig, policy_config
 
@@ -50,7 +50,7 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     try:
         return json.loads(file.read_text())
     except OSError as e:
-        raise UserError(f"{file}: cannot read ({e.strerror})") from None
+        raise UserError(f"{file}: {read_reason(e)}") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{file}: not valid JSON ({e})") from None
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hpc.candidate import SINGLE_FILE
 from hpc.config import RewardConfig
-from hpc.errors import UserError
+from hpc.errors import UserError, read_reason
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
 from hpc.task import Task, discover_tasks
@@ -233,6 +233,6 @@ def _load_json(path: Path, what: str):
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
-        raise UserError(f"{what} {path}: cannot read ({e.strerror})") from None
+        raise UserError(f"{what} {path}: {read_reason(e)}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{what} {path}: not valid JSON ({e})") from None
