@@ -16,7 +16,7 @@ fi
 cores="$(nproc)"
 workers="${HPC_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 set +e
-python -m pytest -n "$workers" --dist loadfile "${args[@]}" "$@"
+python -m pytest -n "$workers" --dist loadfile --durations=30 "${args[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
