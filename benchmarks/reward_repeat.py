@@ -76,9 +76,9 @@ def autotune_picks(inductor: Path) -> dict[str, dict]:
     return picks
 
 
-def differing_picks(keep: Path) -> list[str]:
-    """The kernels (of those every run generated) whose picks differ between the runs kept in `keep`."""
-    runs = [json.loads(path.read_text()) for path in sorted(keep.glob("picks-*.json"))]
+def differing_picks(keeps: list[Path]) -> list[str]:
+    """The kernels (of those every run generated) whose picks differ between the runs kept in `keeps`."""
+    runs = [json.loads(path.read_text()) for keep in keeps for path in sorted(keep.glob("picks-*.json"))]
     if len(runs) < 2:
         return []
     common = set(runs[0]).intersection(*runs[1:])
@@ -91,6 +91,36 @@ def figures(path: Path) -> dict[str, tuple]:
     speedup vs eager, calls a frame)}."""
     return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms,
                         r.speedup_eager, json.loads(r.seeds or "{}").get("burst", "")) for r in read_records(path)}
+
+
+def co_movement(runs: list[dict[str, tuple]], under_ms: float = 1.0) -> list[str]:
+    """How the figures of the rows whose torch.compile figure is under `under_ms` move together
+    between runs: each figure's deviation from its row's median, in percent, pooled over rows and
+    runs. Figures that rise and fall together, the most host-bound most, point at something that
+    slows a whole evaluation's host side rather than at one program or the handshake alone."""
+    names = ("candidate", "eager", "torch.compile", "handshake")
+    devs: dict[str, list[float]] = {name: [] for name in names}
+    for task in sorted(set().union(*runs)):
+        rows = [run[task] for run in runs if task in run and run[task][2] == "ok"]
+        if len(rows) < 2 or statistics.median(r[5] for r in rows) >= under_ms:
+            continue
+        for name, i in zip(names, (3, 4, 5, 6)):
+            median = statistics.median(r[i] for r in rows)
+            devs[name] += [100 * (r[i] / median - 1) for r in rows]
+    n = len(devs["candidate"])
+    if n < 3:
+        return []
+    lines = [f"rows under {under_ms:g} ms, {n} figures each: standard deviation from the row's median " +
+             ", ".join(f"{name} {statistics.pstdev(devs[name]):.1f}%" for name in names) +
+             f"; candidate / torch.compile {statistics.pstdev([a - b for a, b in zip(devs['candidate'], devs['torch.compile'])]):.1f}%"]
+    for a, b in (("candidate", "torch.compile"), ("candidate", "eager"), ("handshake", "torch.compile")):
+        if len(set(devs[a])) < 2 or len(set(devs[b])) < 2:
+            lines.append(f"{b} against {a}: one of them never moved")
+            continue
+        r = statistics.correlation(devs[a], devs[b])
+        slope = statistics.linear_regression(devs[a], devs[b]).slope
+        lines.append(f"{b} against {a}: correlation {r:.2f}, slope {slope:.2f}")
+    return lines
 
 
 def spread_pct(xs: list[float]) -> str:
@@ -111,7 +141,8 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--scale", choices=("cpu", "gpu"), default=None, help="default: the backend's own")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's records (run-K.h5) in this folder")
-    p.add_argument("--tables", type=Path, default=None, help="no runs: the tables of the run-K.h5 files here")
+    p.add_argument("--tables", type=Path, action="append", default=[],
+                   help="no runs: the tables of the run-K.h5 files here (repeat to pool folders)")
     p.add_argument("--beside", type=Path, default=None,
                    help="a folder with one more run (run-0.h5, e.g. --jobs 1) to set against the medians")
     p.add_argument("--iterations", type=int, default=100)
@@ -121,16 +152,16 @@ def main() -> int:
     p.add_argument("--solutions", type=Path, default=ROOT / "kernels" / "solutions")
     args = p.parse_args()
     if args.tables:
-        runs = [figures(path) for path in sorted(args.tables.glob("run-*.h5"))]
+        runs = [figures(path) for folder in args.tables for path in sorted(folder.glob("run-*.h5"))]
         picks = differing_picks(args.tables)
     else:
         with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
             for k in range(args.first, args.first + args.runs):
                 one_run(args, Path(tmp), args.keep or Path(tmp), k)
             runs = [figures(path) for path in sorted((args.keep or Path(tmp)).glob("run-*.h5"))]
-            picks = differing_picks(args.keep or Path(tmp))
+            picks = differing_picks([args.keep or Path(tmp)])
     if not runs:
-        raise SystemExit(f"no run-K.h5 files in {args.tables}")
+        raise SystemExit(f"no run-K.h5 files in {', '.join(map(str, args.tables))}")
     tasks = sorted(set().union(*runs))
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
@@ -175,6 +206,8 @@ def main() -> int:
     print(f"\nfaster than torch.compile by more than 5% in every run: {beat}/{n}; geomean of the medians: "
           f"{geomean([m[4] for m in medians.values()]):.2f}x vs torch.compile, "
           f"{geomean([m[3] for m in medians.values()]):.2f}x vs eager")
+    for line in co_movement(runs):
+        print(line)
     print(f"torch.compile kernels whose autotuned launch config differs between runs: {len(picks)}")
     for line in picks:
         print(f"  {line}")

@@ -1,0 +1,36 @@
+"""benchmarks/reward_repeat.py's reading of kept runs: the co-movement lines that say whether an
+evaluation's figures rise and fall together."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from reward_repeat import co_movement  # noqa: E402
+
+
+def _row(candidate: float, eager: float, compile_ms: float, handshake: float) -> tuple:
+    # (reward, speedup vs compile, status, candidate, eager, compile, handshake, speedup vs eager, burst)
+    return (3, compile_ms / candidate, "ok", candidate, eager, compile_ms, handshake, eager / candidate, 8)
+
+
+def test_a_slow_evaluation_moves_the_host_bound_figures_most():
+    """Each run slows every figure by its host share (torch.compile twice the candidate's, eager
+    not at all): the lines show torch.compile following the candidate at about twice its
+    deviation, and eager flat."""
+    runs = []
+    for slow in (0.0, 0.05, 0.10, -0.03):
+        runs.append({task: _row(base * (1 + slow), 0.3 * base, base * (1 + 2 * slow), 0.03 * (1 + 5 * slow))
+                     for task, base in (("a", 0.1), ("b", 0.2))})
+    lines = co_movement(runs)
+    assert "torch.compile against candidate: correlation 1.00, slope 1.95" in lines   # deviations from medians
+    assert "eager against candidate: one of them never moved" in lines
+    assert lines[0].startswith("rows under 1 ms, 8 figures each") and "eager 0.0%" in lines[0], lines
+
+
+def test_rows_of_a_millisecond_or_more_are_left_out():
+    runs = [{"big": _row(2.0 * (1 + s), 4.0, 5.0 * (1 + s), 0.2)} for s in (0.0, 0.1, 0.2)]
+    assert co_movement(runs) == []
