@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 
 from hpc.entry import Parser
-from hpc.errors import CandidateError, UserError, read_reason, shown
+from hpc.errors import CandidateError, UserError, check_results_name, read_reason, shown
 from hpc.logs import add_logging_args, setup_logging
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,7 @@ def _results(args, cfg) -> Iterator[object]:
     from hpc.results.hdf5 import RecordStore, provenance
 
     _not_special(args.out, f"--out {shown(args.out)}")
+    check_results_name(args.out)
     with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:
         yield store
 
@@ -233,6 +234,7 @@ def _import_kernelbench(args) -> int:
     from hpc.results.kernelbench import SOURCE, import_config, import_kernelbench
     from hpc.suite import summary_table
 
+    check_results_name(args.out)
     eval_results = Path(args.eval_results)
     tasks, eager, compiled = (Path(p) if p else None for p in (args.tasks, args.baseline_eager, args.baseline_compile))
     records = import_kernelbench(eval_results, args.level, tasks, eager, compiled)

@@ -12,6 +12,12 @@ from typing import NoReturn
 from hpc.errors import UserError
 
 
+def summary(doc: str | None) -> str:
+    """A command's description for --help: its docstring's first paragraph as one line (its first
+    line alone can stop mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, its usage errors raised as UserError(`PROG: message`) instead of
     printed with the usage and exit 2."""

@@ -94,6 +94,17 @@ def check_out_folder(path: str | os.PathLike, option: str = "--out") -> Path:
     return path
 
 
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+
+
+def check_results_name(path: str | os.PathLike, option: str = "--out") -> Path:
+    """A results file a user named: `--out r.txt` would get HDF5 under a text file's name."""
+    path = Path(path)
+    if path.suffix.lower() not in HDF5_SUFFIXES:
+        raise UserError(f"{option} {path}: an HDF5 results file's name ends in {', '.join(HDF5_SUFFIXES)}")
+    return path
+
+
 def writable_folder(path: str | os.PathLike, option: str = "--out", make: bool = True) -> Path:
     """A run folder known to take new files: a read-only one (or file system) is refused here in
     one line, before any work, not as a traceback deep inside the run. With `make` it is made if

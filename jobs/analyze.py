@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from hpc.analysis.runs import analyze  # noqa: E402
-from hpc.entry import Parser  # noqa: E402
+from hpc.entry import Parser, summary  # noqa: E402
 from hpc.errors import UserError, check_out_folder  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
@@ -46,7 +46,7 @@ def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] |
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = Parser(prog="jobs/analyze.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/analyze.py", description=summary(__doc__))
     p.add_argument("runs", nargs="+", metavar="RUN", help="results .h5 file or run folder (shard-*.h5)")
     p.add_argument("--out", required=True, help="report folder")
     p.add_argument("--tasks", help="the suite's folder: rates over its tasks, a task without a record incorrect")

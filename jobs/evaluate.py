@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
+from hpc.entry import Parser, summary  # noqa: E402
 from hpc.errors import UserError, check_out_folder, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
@@ -115,7 +116,7 @@ def work_items(tasks: list, candidates_dir: str, out: Path) -> list[tuple[str, s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="jobs/evaluate.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/evaluate.py", description=summary(__doc__))
     p.add_argument("tasks", help="folder of problem files (e.g. kernels/tasks)")
     p.add_argument("candidates", nargs="?",
                    help="folder of candidates laid out like the tasks, or a samples file (.h5); or --policy")

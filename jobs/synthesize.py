@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
-from hpc.entry import Parser  # noqa: E402
+from hpc.entry import Parser, summary  # noqa: E402
 from hpc.errors import UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
@@ -57,7 +57,7 @@ class SynthesizeShard(submitit.helpers.Checkpointable):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from hpc.synthesis.config import add_arguments
 
-    p = Parser(prog="jobs/synthesize.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="jobs/synthesize.py", description=summary(__doc__))
     add_arguments(p)
     p.add_argument("--shards", type=int, default=1, help="array tasks (default 1)")
     step = p.add_mutually_exclusive_group()

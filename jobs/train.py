@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
-from hpc.entry import Parser  # noqa: E402
+from hpc.entry import Parser, summary  # noqa: E402
 from hpc.errors import UserError  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging  # noqa: E402
@@ -57,7 +57,7 @@ class TrainJob(submitit.helpers.Checkpointable):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = Parser(prog="python jobs/train.py", description=__doc__.splitlines()[0])
+    p = Parser(prog="python jobs/train.py", description=summary(__doc__))
     p.add_argument("--config", required=True, help="training config (YAML)")
     p.add_argument("--out", required=True, help="run folder: results, checkpoints, report (resumed if present)")
     p.add_argument("--pool", action="store_true", help="under MPI: trainer rank(s) plus reward-worker ranks")

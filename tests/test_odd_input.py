@@ -232,9 +232,10 @@ def _not_utf8_config(tmp: Path) -> Path:
     ("--out", lambda tmp: tmp, "is a folder"),
     ("--out", lambda tmp: _loop(tmp), "loop.py: a symbolic link loop"),
     ("--out", _under_a_file, "file/r.h5: a folder on its path is a file"),
+    ("--out", lambda tmp: tmp / "r.txt", "r.txt: an HDF5 results file's name ends in .h5"),
     ("--config", lambda tmp: _fifo_named(tmp, "c.yaml"), "c.yaml: not a regular file"),
     ("--config", _not_utf8_config, "c.yaml: not UTF-8 text"),
-], ids=["out-fifo", "out-folder", "out-loop", "out-under-a-file", "config-fifo", "config-not-utf8"])
+], ids=["out-fifo", "out-folder", "out-loop", "out-under-a-file", "out-not-h5", "config-fifo", "config-not-utf8"])
 def test_odd_out_or_config_is_one_error_line_and_exit_2(tmp_path, option, make, words):
     rc, stdout, stderr = cli("eval", RELU_TASK, _nul(tmp_path), option, make(tmp_path), timeout=120)
     assert rc == 2 and not stdout

@@ -169,3 +169,4 @@ def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(UserError, match="cannot read as HDF5"):
         read_records(cut)
+

@@ -164,3 +164,12 @@ def test_train_template_trains_with_the_reward_pool_in_one_job(slurm, tmp_path, 
     assert [r["step"] for r in read_steps(run / "train.h5")] == [1, 2, 3]
     assert len(read_trajectories(run / "train.h5", step=3)) == 2
     assert "trained 3 steps" in log
+
+
+def test_every_requeued_template_appends_to_its_log():
+    """A requeued job writes the same log file again: without append, its second attempt erases
+    what the first one printed."""
+    for template in sorted(TEMPLATES.glob("*.sbatch")):
+        text = template.read_text()
+        if "#SBATCH --requeue" in text:
+            assert "#SBATCH --open-mode=append" in text, template.name

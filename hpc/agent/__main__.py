@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.entry import exit_now
+from hpc.entry import exit_now, summary
 from hpc.errors import UserError
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m hpc.agent", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m hpc.agent", description=summary(__doc__))
     p.add_argument("task", help="problem file")
     p.add_argument("replies", nargs="?",
                    help="JSON list of replies, or a trajectory JSON whose replies are replayed "

@@ -14,15 +14,15 @@ import logging
 import sys
 from pathlib import Path
 
-from hpc.entry import exit_now
-from hpc.errors import UserError
+from hpc.entry import exit_now, summary
+from hpc.errors import UserError, check_results_name
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
 log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mpi4py -m hpc.pool", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m mpi4py -m hpc.pool", description=summary(__doc__))
     p.add_argument("tasks", help="folder of problem files")
     p.add_argument("candidates", help="folder of candidates laid out like the tasks")
     p.add_argument("--out", required=True, help="HDF5 results file (appended; finished records are skipped)")
@@ -103,6 +103,7 @@ def coordinate(comm, args, cfg) -> int:
 
     code = 0
     try:
+        check_results_name(args.out)
         tasks = select_tasks(discover_tasks(args.tasks), args.only, args.tasks)
         entries = suite_entries([(t, find_candidate(t, Path(args.candidates))) for t in tasks], args.candidates)
         items = [Item(e.record_key(), e) for e in entries]

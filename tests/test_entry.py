@@ -1,0 +1,43 @@
+"""What the entry points share: --help's description, and usage errors as one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hpc.entry import Parser, summary
+from hpc.errors import UserError
+from tests.conftest import ROOT
+
+
+def test_the_description_is_the_whole_first_paragraph():
+    doc = """Evaluate a candidate set against a task suite, sharded over a
+    Slurm array through submitit.
+
+        python jobs/evaluate.py TASKS CANDIDATES --out RUN
+    """
+    assert summary(doc) == "Evaluate a candidate set against a task suite, sharded over a Slurm array through submitit."
+    assert summary(None) == ""
+
+
+def test_no_entry_point_cuts_its_description_at_the_first_line():
+    cut = [str(p.relative_to(ROOT)) for folder in ("jobs", "hpc") for p in sorted((ROOT / folder).rglob("*.py"))
+           if "__doc__.splitlines()[0]" in p.read_text()]
+    assert not cut, cut
+
+
+def test_a_usage_error_is_a_user_error_naming_the_command():
+    p = Parser(prog="jobs/x.py")
+    p.add_argument("--out", required=True)
+    with pytest.raises(UserError, match=r"^jobs/x.py: the following arguments are required: --out$"):
+        p.parse_args([])
+
+
+@pytest.mark.slow
+def test_evaluate_job_usage_error_is_one_line_and_exit_2():
+    out = subprocess.run([sys.executable, "jobs/evaluate.py", "--bogus"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
+    assert out.stderr.startswith("error: jobs/evaluate.py: "), out.stderr
