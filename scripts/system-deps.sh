@@ -7,6 +7,8 @@ missing=()
 command -v g++ >/dev/null || missing+=(g++)
 # the results files' kill-point sweep (tests/test_results_journal.py) injects SIGKILL through strace
 command -v strace >/dev/null || missing+=(strace)
+# HDF5 1.10's own h5dump and h5ls: the tests open every kind of results file with them
+command -v h5dump >/dev/null || missing+=(hdf5-tools)
 command -v mpirun >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
 ls /usr/lib/*/libpmix.so.2 >/dev/null 2>&1 || missing+=(libpmix2)
 # a real single-node Slurm for the tests and the templates (scripts/local-slurm.sh)

@@ -57,6 +57,10 @@ _FLOATS = h5py.vlen_dtype(np.float64)
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+# The file format of HDF5 1.10, the oldest with SWMR: h5py's "latest" is HDF5 2.0's, whose
+# datatype messages (the bool columns among them) HDF5 1.10 and 1.14 readers (Debian's h5dump,
+# an older h5py) cannot decode.
+LIBVER = ("v110", "v110")
 
 
 def column_dtype(tp) -> object:
@@ -472,7 +476,7 @@ def _rebuild(path: Path, entries: list[dict]) -> None:
     by whoever opens it next, should this process die before the switch."""
     tmp = path.with_name(f".{path.name}.rebuilt.{os.getpid()}")
     try:
-        with h5py.File(tmp, "w", libver="latest") as out:
+        with h5py.File(tmp, "w", libver=LIBVER) as out:
             _replay(entries, out)
         replace_durably(tmp, path)
     except (OSError, RuntimeError) as e:
@@ -492,7 +496,7 @@ def _table_counts(path: Path) -> str:
 
 def _open_for_append(path: Path) -> h5py.File:
     try:
-        return h5py.File(path, "a", libver="latest")
+        return h5py.File(path, "a", libver=LIBVER)
     except OSError as e:
         raise UserError(f"results {path}: cannot open for writing ({os_reason(e)})") from None
 
