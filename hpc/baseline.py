@@ -23,6 +23,7 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
+from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
@@ -62,7 +63,7 @@ def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_se
             with lock.autotuning() if name == "compile" else lock.shared():
                 driver.load({"program": name, "mode": mode or "default"})
         except SandboxError as e:
-            raise SandboxError(f"{program} could not be loaded: {e.reason}", "error") from None
+            raise SandboxError(f"{program} could not be loaded: {e.reason}", FailureKind.ERROR) from None
     return burst
 
 
@@ -128,6 +129,6 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
         measured = conditions(cfg.backend, lock.beside())
         window = run_window(baseline_entrants(driver, cfg, [program], burst), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:
-        raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", "error")
+        raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", FailureKind.ERROR)
     overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])
     return TimingStats.of(figures_ms(window.times_ns[program], overhead_ns)), measured

@@ -22,6 +22,7 @@ from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, mo
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, map_fd,
                                   read_failure, read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
+from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
 
@@ -69,7 +70,7 @@ class PairDriver:
     def setup(self, task: Task, init_seed: int, probe_seed: int, burst: int = 0) -> dict:
         """Lay out the task's inputs and outputs (reference), share the slot, map it in the program;
         `burst` calls a timed frame (0: sized from the reference's probe, hpc.profile.driver.burst_for).
-        {"layout", "outputs", "burst"}; SandboxError (kind "task" for the task's own failures) when a
+        {"layout", "outputs", "burst"}; SandboxError (kind TASK for the task's own failures) when a
         step fails."""
         cfg, ex = self.cfg, self.pair.exchange
         ref, prog = self.pair.reference, self.pair.program
@@ -115,13 +116,19 @@ class PairDriver:
             failure = reply.get("failure")
             result = LoopResult([int(x) for x in reply["times_ns"]], Failure(**failure) if failure else None,
                                 {k: reply[k] for k in ("checked", "max_abs_error", "max_rel_error")})
-        if result.failure is not None and result.failure.kind in ("timeout", "crash"):
+        if result.failure is not None and result.failure.kind in (FailureKind.TIMEOUT, FailureKind.CRASH):
             prog.kill()
         prog.receive("serve")
         return result
 
     def load(self, message: dict) -> dict:
         return self.pair.program.request({"op": "load", **message})
+
+
+def _reference_kind(e: SandboxError) -> FailureKind:
+    """A failure of the reference is the task's when it says so, else the harness's: never the
+    candidate's."""
+    return FailureKind.TASK if e.kind == FailureKind.TASK else FailureKind.HARNESS
 
 
 class _HostAgent:
@@ -148,7 +155,7 @@ class _HostAgent:
         try:
             self.ref.request({"op": "prepare", "calls": [c.to_message() for c in calls]})
         except SandboxError as e:
-            return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}")
+            return Failure(_reference_kind(e), f"reference: {e.reason}")
         return None
 
     def publish(self, index: int, position: int) -> None:
@@ -175,14 +182,14 @@ class _HostAgent:
                 if o.nbytes:
                     read_process_memory(self.pid, claim.address, self.staging[base + o.offset:base + o.offset + o.nbytes])
         except (ValueError, OSError) as e:
-            return Failure("correctness", f"the program's outputs could not be read: {e}")
+            return Failure(FailureKind.CORRECTNESS, f"the program's outputs could not be read: {e}")
         return None
 
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]:
         try:
             reply = self.ref.request({"op": "check", "calls": [c.to_message() for c in calls]})
         except SandboxError as e:
-            return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}"), {}
+            return Failure(_reference_kind(e), f"reference: {e.reason}"), {}
         failure = reply.get("failure")
         return (Failure(**failure) if failure else None), reply
 

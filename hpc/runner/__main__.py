@@ -7,6 +7,7 @@ import sys
 
 def main() -> None:
     role, req_fd, rep_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    from hpc.sandbox.messages import FailureKind
     from hpc.sandbox.protocol import ChannelClosed, decode_json, read_message, write_reply
     import torch
 
@@ -27,7 +28,7 @@ def main() -> None:
             try:
                 reply = dispatch(worker, msg)
             except PolicyViolation as e:
-                reply = {"error": str(e), "kind": "policy"}
+                reply = {"error": str(e), "kind": FailureKind.POLICY}
             except WorkerError as e:
                 reply = {"error": str(e), "kind": e.kind}
             write_reply(rep_fd, reply)

@@ -32,16 +32,20 @@ from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, Exch
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
                                   read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
                                   write_outputs)
+from hpc.sandbox.messages import WORKER_KINDS, FailureKind
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
 
 
 class WorkerError(Exception):
-    """Reported to the harness as {"error": message, "kind": kind}."""
+    """Reported to the harness as {"error": message, "kind": kind}: one of the kinds a worker may
+    report (hpc.sandbox.messages.WORKER_KINDS; ValueError for any other)."""
 
-    def __init__(self, message: str, kind: str):
+    def __init__(self, message: str, kind: FailureKind):
         super().__init__(message)
-        self.kind = kind
+        if kind not in WORKER_KINDS:
+            raise ValueError(f"a worker cannot report kind {kind!r}")
+        self.kind = FailureKind(kind)
 
 
 def _device(name: str) -> torch.device:
@@ -50,7 +54,7 @@ def _device(name: str) -> torch.device:
             torch.cuda.init()
         except Exception as e:
             raise WorkerError(f"backend cuda requested but CUDA is unusable here: {str(e).strip()[-160:]}",
-                              "harness") from None
+                              FailureKind.HARNESS) from None
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         return torch.device("cuda", torch.cuda.current_device())
@@ -68,7 +72,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _task_error(what: str, e: BaseException) -> WorkerError:
     text = " ".join(line.strip() for line in str(e).strip().splitlines())[:500]
-    return WorkerError(f"{what}: {type(e).__name__}: {text}", "task")
+    return WorkerError(f"{what}: {type(e).__name__}: {text}", FailureKind.TASK)
 
 
 def _views(buffer: torch.Tensor, layout: InputLayout) -> list:
@@ -124,13 +128,13 @@ class ReferenceWorker(_Worker):
         for k, x in enumerate(inputs):
             if isinstance(x, torch.Tensor):
                 if _dtype_name(x.dtype) not in cuda_ipc.DTYPES:
-                    raise WorkerError(f"task input {k} has dtype {x.dtype}, which is not supported", "task")
+                    raise WorkerError(f"task input {k} has dtype {x.dtype}, which is not supported", FailureKind.TASK)
                 entries.append(TensorSpec(_dtype_name(x.dtype), tuple(x.shape)))
             elif x is None or isinstance(x, (bool, int, float, str)):
                 entries.append({"value": x})
             else:
                 raise WorkerError(f"task input {k} is a {type(x).__name__}: only tensors and plain numbers "
-                                  "or strings are supported", "task")
+                                  "or strings are supported", FailureKind.TASK)
         tensors, slot_bytes = packed([e for e in entries if isinstance(e, TensorSpec)])
         it = iter(tensors)
         self.layout = InputLayout(tuple(next(it) if isinstance(e, TensorSpec) else e for e in entries), slot_bytes)
@@ -141,7 +145,7 @@ class ReferenceWorker(_Worker):
             if not isinstance(t, torch.Tensor) or _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
                 raise WorkerError(f"task Model output {k} is a {type(t).__name__}"
                                   f"{' of dtype ' + str(t.dtype) if isinstance(t, torch.Tensor) else ''}: "
-                                  "only tensors of the supported dtypes can be compared", "task")
+                                  "only tensors of the supported dtypes can be compared", FailureKind.TASK)
             specs.append(TensorSpec(_dtype_name(t.dtype), tuple(t.shape)))
         self.output_specs, self.output_bytes = packed(specs)
         return {"layout": self.layout.to_message(), "outputs": [o.__dict__ for o in self.output_specs],
@@ -178,14 +182,14 @@ class ReferenceWorker(_Worker):
         inputs = self._make(call.seed, call.distribution)
         if len(inputs) != len(self.layout.entries):
             raise WorkerError(f"task get_inputs returned {len(inputs)} inputs for one seed and "
-                              f"{len(self.layout.entries)} for another", "task")
+                              f"{len(self.layout.entries)} for another", FailureKind.TASK)
         for k, (x, entry) in enumerate(zip(inputs, self.layout.entries)):
             if isinstance(entry, TensorSpec):
                 if not isinstance(x, torch.Tensor) or _dtype_name(x.dtype) != entry.dtype or tuple(x.shape) != entry.shape:
-                    raise WorkerError(f"task input {k} changes type, dtype or shape with the seed", "task")
+                    raise WorkerError(f"task input {k} changes type, dtype or shape with the seed", FailureKind.TASK)
             elif x != entry["value"]:
                 raise WorkerError(f"task input {k} ({entry['value']!r}) changes with the seed: non-tensor inputs "
-                                  "must be constants", "task")
+                                  "must be constants", FailureKind.TASK)
         return inputs
 
     def _pack(self, inputs: list, into: torch.Tensor) -> None:
@@ -297,9 +301,9 @@ def _check_calls(ref: ReferenceWorker, calls: list[Call], inputs_of, captured_of
             again = compare_outputs(expected, ref._reference([x.clone() if isinstance(x, torch.Tensor) else x
                                                               for x in inputs]), ref.correctness, ref.device)
             if not again.ok:
-                return Failure("task", f"the task's Model is not deterministic: two runs on the same inputs "
+                return Failure(FailureKind.TASK, f"the task's Model is not deterministic: two runs on the same inputs "
                                        f"differ ({again.reason})", j), measured
-            return Failure("correctness", cmp.reason, j), measured
+            return Failure(FailureKind.CORRECTNESS, cmp.reason, j), measured
     return None, measured
 
 
@@ -373,7 +377,7 @@ class _DeviceAgent:
                     copies.append(torch.empty(o.nbytes, dtype=torch.uint8, device=self.ref.device).copy_(view))
             self._wait()
         except (ValueError, cuda_ipc.IpcError) as e:
-            return Failure("correctness", f"the program's outputs could not be read: {e}")
+            return Failure(FailureKind.CORRECTNESS, f"the program's outputs could not be read: {e}")
         self.captured[index] = [c.view(getattr(torch, o.dtype)).view(o.shape) for c, o in zip(copies, self.ref.output_specs)]
         return None
 
@@ -425,7 +429,7 @@ class ProgramWorker(_Worker):
                 self.slot_handle = bytes.fromhex(msg["slot_handle"])
                 slot = self.mappings.view(self.slot_handle, 0, self.slot_bytes, self.device)
             except (ValueError, cuda_ipc.IpcError) as e:
-                raise WorkerError(f"the input slot could not be mapped: {e}", "harness") from None
+                raise WorkerError(f"the input slot could not be mapped: {e}", FailureKind.HARNESS) from None
         else:
             self.slot_map = map_fd(self.fds.slot, self.slot_bytes)
             slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
@@ -445,7 +449,7 @@ class ProgramWorker(_Worker):
         try:
             return OpMonitor(msg["op_monitor"], ALLOWED_OPS | frozenset(msg["policy"]["allowed_torch_ops"]))
         except (OSError, RuntimeError) as e:
-            raise WorkerError(f"op monitor unusable: {e}", "harness") from None
+            raise WorkerError(f"op monitor unusable: {e}", FailureKind.HARNESS) from None
 
     def load(self, msg: dict) -> dict:
         """Add a program to time: the candidate's ModelNew under the policy (which retires the empty
@@ -487,7 +491,7 @@ class ProgramWorker(_Worker):
             torch.manual_seed(self.init_seed)
             model = module.ModelNew(*self.task.get_init_inputs()).to(self.device).eval()
         except Exception as e:
-            raise WorkerError(f"candidate failed to load: {type(e).__name__}: {e}", "load") from None
+            raise WorkerError(f"candidate failed to load: {type(e).__name__}: {e}", FailureKind.LOAD) from None
         reference = init_model(self.task.Model, self.task, self.init_seed, self.device)
         own = model.state_dict()
         matched = {k: v for k, v in reference.state_dict().items() if k in own and own[k].shape == v.shape}
@@ -502,7 +506,8 @@ class ProgramWorker(_Worker):
         answer each with a done frame."""
         name = msg.get("program", "candidate" if "candidate" in self.programs else "empty")
         if name not in self.programs:
-            raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})", "harness")
+            raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})",
+                              FailureKind.HARNESS)
         self.call = self.programs[name]
         set_spinning(self.fds.go, self.spin)
         calls = 0
@@ -514,23 +519,25 @@ class ProgramWorker(_Worker):
             status = DONE_OK
             try:
                 if not 1 <= count <= len(self.positions):
-                    raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})", "harness")
+                    raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})",
+                                      FailureKind.HARNESS)
                 self._one_frame(POISON[poison] if 0 <= poison < len(POISON) else None, count)
             except PolicyViolation as e:
-                write_failure(self.header, "policy", str(e))
+                write_failure(self.header, FailureKind.POLICY, str(e))
                 status = DONE_FAILED
             except WorkerError as e:
                 write_failure(self.header, e.kind, str(e))
                 status = DONE_FAILED
             except torch.cuda.OutOfMemoryError as e:
-                write_failure(self.header, "runtime", f"CUDA out of memory: {str(e).splitlines()[0]}")
+                write_failure(self.header, FailureKind.RUNTIME, f"CUDA out of memory: {str(e).splitlines()[0]}")
                 status = DONE_FAILED
             except MemoryError:
-                write_failure(self.header, "runtime", "out of memory (address-space limit)")
+                write_failure(self.header, FailureKind.RUNTIME, "out of memory (address-space limit)")
                 status = DONE_FAILED
             except Exception as e:
                 text = str(e).strip()
-                write_failure(self.header, "runtime", f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")
+                write_failure(self.header, FailureKind.RUNTIME,
+                              f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")
                 status = DONE_FAILED
             send_frame(self.fds.done, seq, status)
 
@@ -543,9 +550,10 @@ class ProgramWorker(_Worker):
                     raise PolicyViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
                                           "not a plain torch.Tensor")
                 if t.device.type != self.device.type:
-                    raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}", "runtime")
+                    raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}",
+                                      FailureKind.RUNTIME)
                 if _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
-                    raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", "runtime")
+                    raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", FailureKind.RUNTIME)
                 outs.append(t if t.is_contiguous() else t.contiguous())
         synchronize(self.device)   # device-wide: work left on any stream is inside the frame
         claims = []
@@ -558,7 +566,7 @@ class ProgramWorker(_Worker):
         try:
             write_outputs(self.header, claims)
         except ValueError as e:
-            raise WorkerError(str(e), "runtime") from None
+            raise WorkerError(str(e), FailureKind.RUNTIME) from None
         self.kept = outs   # alive until the next frame: the driver copies them out after this answer
 
     def _handle_of(self, t: torch.Tensor) -> tuple[bytes, int]:
@@ -593,15 +601,15 @@ def dispatch(worker: _Worker, msg: dict) -> dict:
     role = "reference" if isinstance(worker, ReferenceWorker) else "program"
     handler = getattr(worker, op, None) if op in OPS[role] else None
     if handler is None:
-        raise WorkerError(f"unknown op {op!r}", "harness")
+        raise WorkerError(f"unknown op {op!r}", FailureKind.HARNESS)
     try:
         return handler(msg)
     except (WorkerError, PolicyViolation):
         raise
     except torch.cuda.OutOfMemoryError as e:
-        raise WorkerError(f"CUDA out of memory: {str(e).splitlines()[0]}", "runtime") from None
+        raise WorkerError(f"CUDA out of memory: {str(e).splitlines()[0]}", FailureKind.RUNTIME) from None
     except MemoryError:
-        raise WorkerError("out of memory (address-space limit)", "runtime") from None
+        raise WorkerError("out of memory (address-space limit)", FailureKind.RUNTIME) from None
     except Exception as e:
         raise WorkerError(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                          "runtime") from None
+                          FailureKind.RUNTIME) from None

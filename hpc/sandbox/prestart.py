@@ -27,6 +27,7 @@ from typing import Iterator
 from hpc.config import SandboxConfig
 from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox.exchange import Exchange
+from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 
 READY_TIMEOUT_S = 300.0
@@ -105,7 +106,7 @@ def harness_file(source: Path, workdir: Path, name: str, sha256: str = "") -> Pa
             out.write(chunk)
     if sha256 and digest.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)
-        raise SandboxError(f"{source} changed since it was read (its digest differs)", "task")
+        raise SandboxError(f"{source} changed since it was read (its digest differs)", FailureKind.TASK)
     os.chmod(tmp, 0o644)
     tmp.replace(dest)
     return dest

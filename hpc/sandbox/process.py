@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hpc.config import SandboxConfig
 from hpc.sandbox import launch
+from hpc.sandbox.messages import FailureKind, reported_kind
 from hpc.sandbox.protocol import ChannelClosed, ChannelTimeout, encode_json, read_reply, write_message
 
 STDERR_NAME = "stderr.log"
@@ -35,12 +36,13 @@ log = logging.getLogger(__name__)
 
 
 class SandboxError(Exception):
-    """The sandboxed process failed: crashed, timed out, or reported an error. `reason` says which."""
+    """The sandboxed process failed: crashed, timed out, or reported an error. `reason` says how,
+    `kind` (a FailureKind; ValueError for any other) whose fault it is."""
 
-    def __init__(self, reason: str, kind: str = "error"):
+    def __init__(self, reason: str, kind: FailureKind = FailureKind.ERROR):
         super().__init__(reason)
         self.reason = reason
-        self.kind = kind   # error | crash | timeout
+        self.kind = FailureKind(kind)
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,19 +187,15 @@ class SandboxedProcess:
         except ChannelTimeout:
             self.kill()
             waited = self.cfg.timeout_s if timeout is None else timeout
-            raise SandboxError(f"timed out after {waited:.0f} s in {op}", "timeout") from None
+            raise SandboxError(f"timed out after {waited:.0f} s in {op}", FailureKind.TIMEOUT) from None
         except Exception as e:   # undecodable reply: a hostile or broken worker
             self.kill()
             raise SandboxError(f"malformed reply from the {self.role} process: {type(e).__name__}: {e}") from None
-        if not isinstance(reply, dict):
-            raise SandboxError(f"malformed reply from the {self.role} process")
-        if reply.get("error"):
-            raise SandboxError(str(reply["error"]), str(reply.get("kind", "error")))
-        return reply
+        return checked_reply(reply, self.role)
 
     def _failure(self) -> SandboxError:
         info = self.close()
-        return SandboxError(info.reason, "crash")
+        return SandboxError(info.reason, FailureKind.CRASH)
 
     def kill(self) -> None:
         """End the worker and everything it started, without waiting."""
@@ -242,6 +240,20 @@ class SandboxedProcess:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def checked_reply(reply: object, role: str) -> dict:
+    """A worker's decoded reply; SandboxError for a reported error (its kind one a worker may
+    report) or a malformed reply (kind ERROR)."""
+    if not isinstance(reply, dict):
+        raise SandboxError(f"malformed reply from the {role} process")
+    if reply.get("error"):
+        try:
+            kind = reported_kind(reply.get("kind"))
+        except ValueError as e:
+            raise SandboxError(f"malformed reply from the {role} process: {e}") from None
+        raise SandboxError(str(reply["error"]), kind)
+    return reply
 
 
 def _describe_exit(rc: int | None, stderr: str) -> str:
