@@ -23,7 +23,7 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
-from hpc.sandbox.messages import FailureKind
+from hpc.sandbox.messages import Cost, FailureKind
 from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
@@ -96,11 +96,13 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, loc
         return {"flops": float(cost["flops"]), "bytes": float(cost["bytes"])}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    reply = ref.request({"op": "cost", "seed": seed, "meta": True})
-    if "meta_failed" in reply:
+    reply = ref.request(Cost(seed, meta=True))
+    if reply.meta_failed is not None:
         with lock.shared():
-            reply = ref.request({"op": "cost", "seed": seed})
-    cost = {"flops": float(reply["flops"]), "bytes": float(reply["bytes"])}
+            reply = ref.request(Cost(seed))
+    if reply.flops is None or reply.bytes is None:
+        raise SandboxError(f"malformed reply from the reference process: no cost ({reply.meta_failed})")
+    cost = {"flops": reply.flops, "bytes": reply.bytes}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"task": task.task_id, "scale": cfg.scale, **cost}))
