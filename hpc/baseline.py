@@ -23,6 +23,7 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
 from hpc.profile.window import Entrant, handshake_ns, run_window
+from hpc.sandbox.messages import Cost, FailureKind
 from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.task import Task
@@ -62,7 +63,7 @@ def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_se
             with lock.autotuning() if name == "compile" else lock.shared():
                 driver.load({"program": name, "mode": mode or "default"})
         except SandboxError as e:
-            raise SandboxError(f"{program} could not be loaded: {e.reason}", "error") from None
+            raise SandboxError(f"{program} could not be loaded: {e.reason}", FailureKind.ERROR) from None
     return burst
 
 
@@ -95,11 +96,13 @@ def task_cost(task: Task, cfg: EvalConfig, ref: SandboxedProcess, seed: int, loc
         return {"flops": float(cost["flops"]), "bytes": float(cost["bytes"])}
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    reply = ref.request({"op": "cost", "seed": seed, "meta": True})
-    if "meta_failed" in reply:
+    reply = ref.request(Cost(seed, meta=True))
+    if reply.meta_failed is not None:
         with lock.shared():
-            reply = ref.request({"op": "cost", "seed": seed})
-    cost = {"flops": float(reply["flops"]), "bytes": float(reply["bytes"])}
+            reply = ref.request(Cost(seed))
+    if reply.flops is None or reply.bytes is None:
+        raise SandboxError(f"malformed reply from the reference process: no cost ({reply.meta_failed})")
+    cost = {"flops": reply.flops, "bytes": reply.bytes}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"task": task.task_id, "scale": cfg.scale, **cost}))
@@ -128,6 +131,6 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
         measured = conditions(cfg.backend, lock.beside())
         window = run_window(baseline_entrants(driver, cfg, [program], burst), cfg.timing.rounds, random.SystemRandom())
     if window.failure is not None:
-        raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", "error")
+        raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", FailureKind.ERROR)
     overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])
     return TimingStats.of(figures_ms(window.times_ns[program], overhead_ns)), measured

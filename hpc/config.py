@@ -9,11 +9,14 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
 from hpc.errors import UserError, read_input
+
+Backend = Literal["cpu", "cuda"]   # where an evaluation runs
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 
 
 def default_cache_dir() -> Path:
@@ -132,7 +135,7 @@ class EvalConfig:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
     def validate(self) -> None:
-        _check_choice("backend", self.backend, ("cpu", "cuda"))
+        _check_choice("backend", self.backend, BACKENDS)
         _check_choice("scale", self.scale, ("cpu", "gpu"))
         _check_choice("reward.kind", self.reward.kind, ("discrete", "continuous", "correctness"))
         _check_choice("timing.handshake", self.timing.handshake, ("auto", "spin", "block"))

@@ -38,6 +38,7 @@ from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figu
 from hpc.profile.window import Entrant, EntrantError, handshake_ns, run_window
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
+from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_pair
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
@@ -243,7 +244,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         clock.mark("correctness")
         if result.failure is not None:
             failure = result.failure
-            if failure.kind == "correctness" and 0 <= failure.call < len(trials):
+            if failure.kind == FailureKind.CORRECTNESS and 0 <= failure.call < len(trials):
                 t = seeds.trials[failure.call]
                 failure.reason = f"trial {failure.call} (seed {t['seed']}, {t['distribution']} inputs): {failure.reason}"
             _fail(rec, stage, failure, cfg)
@@ -282,7 +283,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             if window.failed != "candidate":
                 rec.fail("baseline", f"baseline failed: {window.failed}: {failure.reason}", "error")
                 return False
-            if failure.kind == "correctness":
+            if failure.kind == FailureKind.CORRECTNESS:
                 rec.correct = False
                 timed = failure.call - warmup
                 failure.reason = f"output of timed call {timed} is wrong (stale, cached or unfinished?): {failure.reason}"
@@ -333,26 +334,26 @@ def _first_error(text: str) -> str:
 
 def _fail(rec: EvalRecord, stage: str, failure: Failure, cfg: EvalConfig) -> None:
     """A loop's failure, charged to the candidate unless it was the task's or the harness's."""
-    if failure.kind in ("task", "harness"):
+    if failure.kind in (FailureKind.TASK, FailureKind.HARNESS):
         rec.fail(stage, failure.reason, "error")
-    elif failure.kind == "policy":
+    elif failure.kind == FailureKind.POLICY:
         rec.fail(stage, f"policy: {failure.reason}")
-    elif failure.kind == "timeout":
+    elif failure.kind == FailureKind.TIMEOUT:
         rec.fail(stage, f"timed out after {cfg.sandbox.timeout_s:.0f} s in {stage}")
-    elif failure.kind == "crash":
+    elif failure.kind == FailureKind.CRASH:
         rec.fail(stage, f"candidate process {failure.reason}")
     else:
         rec.fail(stage, failure.reason)
 
 
 def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: Candidate) -> None:
-    if e.kind == "policy":
+    if e.kind == FailureKind.POLICY:
         rec.fail(stage, f"policy: {e.reason}")
-    elif e.kind == "task":
+    elif e.kind == FailureKind.TASK:
         rec.fail("load" if stage == "load" else stage, e.reason, "error")
-    elif e.kind == "harness":
+    elif e.kind == FailureKind.HARNESS:
         rec.fail(stage, e.reason, "error")
     elif stage == "load" and candidate.kind == SINGLE_FILE and _BUILD_FAILED in e.reason:
         rec.fail("compile", f"load_inline: {e.reason}")
     else:
-        rec.fail(stage, e.reason if e.kind != "crash" else f"candidate process {e.reason}")
+        rec.fail(stage, e.reason if e.kind != FailureKind.CRASH else f"candidate process {e.reason}")

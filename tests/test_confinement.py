@@ -24,6 +24,7 @@ import pytest
 
 from hpc.config import SandboxConfig
 from hpc.sandbox import landlock, launch
+from hpc.sandbox.messages import ReferenceSetup
 from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
 from tests.conftest import RELU_TASK, ROOT, TESTS, accepting, cuda_available, make_fast_config
 
@@ -42,7 +43,7 @@ def attack_in_worker(tmp_path: Path, code: str, trusted: bool = False, backend: 
     with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), backend, readable=(task,),
                           trusted=trusted, **kw) as proc:
         with pytest.raises(SandboxError) as err:
-            proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+            proc.request(ReferenceSetup(str(task), "cpu", 0, "cpu"))
     reason = err.value.reason
     assert "RESULT<" in reason, reason   # the attack ran
     return reason[reason.index("RESULT<"):]
@@ -207,7 +208,7 @@ def test_kill_minus_one_reaches_nothing_outside(tmp_path):
             # without its PID namespace this would signal every process of the uid: refuse to try
             assert proc.isolation["pid_namespace"] is True
             with pytest.raises(SandboxError) as err:
-                proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+                proc.request(ReferenceSetup(str(task), "cpu", 0, "cpu"))
         assert "RESULT<still here>" in err.value.reason
         time.sleep(0.5)
         assert helper.poll() is None and sibling.proc.poll() is None

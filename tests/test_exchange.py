@@ -14,6 +14,7 @@ import pytest
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, STOP, CallTimeout, Exchange, InputLayout,
                                   OutputDescriptor, ProgramGone, TensorSpec, packed, read_failure, read_frame,
                                   read_outputs, read_process_memory, send_frame, write_failure, write_outputs)
+from hpc.sandbox.messages import FailureKind
 
 
 @pytest.fixture
@@ -49,6 +50,15 @@ def test_a_failure_keeps_its_kind_and_a_bounded_message(header):
     write_failure(header, "policy", "x" * 10_000)
     kind, message = read_failure(header)
     assert kind == "policy" and 0 < len(message) <= 1000 and set(message) == {"x"}
+
+
+@pytest.mark.parametrize("claimed", ["timeout", "correctness", "no such kind", ""])
+def test_a_failure_of_a_kind_no_worker_may_report_is_a_malformed_report(header, claimed):
+    """A program cannot claim the harness's own findings, nor a kind nobody defined: the report is
+    malformed (charged to the program), and its claim kept in the reason."""
+    write_failure(header, claimed, "it was not me")   # a hostile program writes the header as it likes
+    kind, message = read_failure(header)
+    assert kind == FailureKind.OUTPUT and "malformed failure report" in message and "it was not me" in message
 
 
 def test_the_layout_packs_tensors_aligned_and_keeps_constants():

@@ -14,6 +14,7 @@ from hpc.config import SandboxConfig
 from hpc.pipeline import evaluate
 from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox import prestart
+from hpc.sandbox.messages import Ok, Ready
 from hpc.sandbox.prestart import PrestartedWorkers, prestarted_workers
 from hpc.task import load_task
 from tests.conftest import RELU_TASK, TESTS
@@ -63,7 +64,7 @@ def test_a_spare_that_died_is_replaced_by_a_fresh_pair(fast_config):
         dead.program.proc.wait()
         pair = spares.take(fast_config.sandbox, "cpu")
         assert spares.taken == 0, "the dead spare was not handed out"
-        assert pair.program.request({"op": "ready"}) == {"ok": True}
+        assert pair.program.request(Ready()) == Ok()
         pair.kill()
         pair.close()
     finally:
@@ -80,7 +81,7 @@ def test_a_spare_does_not_start_while_a_timed_run_holds_the_device(fast_config):
             assert spares._spares[key][0].pair is None, "a spare started during the timed run"
         pair = spares.take(fast_config.sandbox, "cpu")
         assert spares.taken == 1
-        assert pair.reference.request({"op": "ready"}) == {"ok": True}
+        assert pair.reference.request(Ready()) == Ok()
         pair.kill()
         pair.close()
     finally:

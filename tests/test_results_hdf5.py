@@ -11,9 +11,10 @@ import sys
 import h5py
 import pytest
 
+from hpc.config import BACKENDS
 from hpc.errors import UserError
 from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
-from hpc.results.record import EvalRecord
+from hpc.results.record import STAGES, EvalRecord
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -170,3 +171,39 @@ def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
     with pytest.raises(UserError, match="cannot read as HDF5"):
         read_records(cut)
 
+
+def test_every_status_stage_and_backend_reads_back_as_written(tmp_path):
+    path = tmp_path / "r.h5"
+    written = [EvalRecord(task_id=f"t{k}", backend=backend).fail(stage, "why", status)
+               for k, (stage, status, backend) in enumerate(
+                   (stage, status, backend) for stage in STAGES for status in ("failed", "error")
+                   for backend in ("", *BACKENDS))]
+    with ResultWriter(path) as w:
+        w.append(EvalRecord(task_id="ok", backend="cpu"))
+        for rec in written:
+            w.append(rec)
+    back = read_records(path)
+    assert (back[0].status, back[0].failed_stage) == ("ok", "")
+    assert [(r.status, r.failed_stage, r.backend) for r in back[1:]] == \
+        [(r.status, r.failed_stage, r.backend) for r in written]
+
+
+@pytest.mark.parametrize("field, value", [("status", "passed"), ("failed_stage", "verify"), ("backend", "rocm")])
+def test_a_value_outside_its_vocabulary_is_refused_when_made_written_or_read(tmp_path, field, value):
+    with pytest.raises(ValueError, match=f"record {field}: expected one of"):
+        EvalRecord(task_id="x", **{field: value})
+    with pytest.raises(ValueError, match="record failed_stage"):
+        EvalRecord(task_id="x").fail("verify", "why")
+    with pytest.raises(ValueError, match="record status"):
+        EvalRecord(task_id="x").fail("load", "why", "ok")
+    rec = EvalRecord(task_id="x")
+    setattr(rec, field, value)   # past the constructor: the writer still refuses it
+    path = tmp_path / "r.h5"
+    with ResultWriter(path) as w:
+        with pytest.raises(ValueError, match=f"record {field}"):
+            w.append(rec)
+        w.append(EvalRecord(task_id="y"))
+    with h5py.File(path, "a") as f:   # a file written by something else: the reader refuses the row
+        f[f"records/{field}"][0] = value.encode()
+    with pytest.raises(UserError, match=f"malformed, row 0: record {field}: expected one of"):
+        read_records(path)

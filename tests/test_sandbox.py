@@ -11,6 +11,7 @@ import pytest
 
 from hpc.config import SandboxConfig
 from hpc.sandbox import landlock
+from hpc.sandbox.messages import Cost, CostReply, Outputs, ReferenceSetup
 from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
 from tests.conftest import RELU_TASK
 
@@ -97,10 +98,10 @@ def test_every_worker_gets_the_same_fixed_allocator_thresholds(tmp_path):
 
 def test_worker_crash_is_reported_with_its_signal(tmp_path):
     with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
-        proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+        proc.request(ReferenceSetup(str(RELU_TASK), "cpu", 0, "cpu"))
         proc.kill()
         with pytest.raises(SandboxError) as err:
-            proc.request({"op": "outputs", "trials": [{"seed": 1, "distribution": "default"}]})
+            proc.request(Outputs([{"seed": 1, "distribution": "default"}]))
     assert err.value.kind == "crash" and "SIGKILL" in err.value.reason
 
 
@@ -108,8 +109,7 @@ def test_worker_timeout_kills_the_process_group(tmp_path):
     with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
         with pytest.raises(SandboxError) as err:
             # the worker waits for a message that will never complete before the short deadline
-            proc.request({"op": "setup", "task": str(RELU_TASK), "scale": "cpu", "init_seed": 0, "device": "cpu"},
-                         timeout=0.001)
+            proc.request(ReferenceSetup(str(RELU_TASK), "cpu", 0, "cpu"), timeout=0.001)
         assert err.value.kind == "timeout"
         assert proc.proc.wait(timeout=10) is not None
 
@@ -123,16 +123,16 @@ def test_worker_reports_task_errors_by_kind(tmp_path):
     work.mkdir()
     with SandboxedProcess("reference", work, SandboxConfig(timeout_s=60), "cpu", readable=(bad,)) as proc:
         with pytest.raises(SandboxError) as err:
-            proc.request({"op": "setup", "task": str(bad), "scale": "cpu", "init_seed": 0, "device": "cpu"})
+            proc.request(ReferenceSetup(str(bad), "cpu", 0, "cpu"))
     assert err.value.kind == "task" and "missing_global" in err.value.reason
 
 
-def _costs(task: Path, work: Path) -> tuple[dict, dict]:
+def _costs(task: Path, work: Path) -> tuple[CostReply, CostReply]:
     """(meta count, device count) of one task at cpu scale, from one real reference worker."""
     work.mkdir()
     with SandboxedProcess("reference", work, SandboxConfig(timeout_s=120), "cpu", readable=(task,)) as proc:
-        proc.request({"op": "setup", "task": str(task), "scale": "cpu", "init_seed": 0, "device": "cpu"})
-        return proc.request({"op": "cost", "seed": 1, "meta": True}), proc.request({"op": "cost", "seed": 1})
+        proc.request(ReferenceSetup(str(task), "cpu", 0, "cpu"))
+        return proc.request(Cost(1, meta=True)), proc.request(Cost(1))
 
 
 def test_every_shipped_task_costs_the_same_counted_on_the_meta_device(tmp_path):
@@ -142,7 +142,7 @@ def test_every_shipped_task_costs_the_same_counted_on_the_meta_device(tmp_path):
     assert tasks
     for i, task in enumerate(tasks):
         meta, real = _costs(task, tmp_path / str(i))
-        assert meta == real and real["bytes"] > 0, task
+        assert meta == real and real.bytes > 0, task
 
 
 def test_a_task_whose_forward_needs_values_is_counted_on_the_device(tmp_path):
@@ -151,4 +151,4 @@ def test_a_task_whose_forward_needs_values_is_counted_on_the_device(tmp_path):
                     "    def forward(self, x):\n        return x @ x if x.sum() > 0 else x.t() @ x\n"
                     "def get_inputs():\n    return [torch.randn(32, 32)]\ndef get_init_inputs():\n    return []\n")
     meta, real = _costs(task, tmp_path / "w")
-    assert "meta_failed" in meta and real["flops"] == 2 * 32 ** 3
+    assert meta.meta_failed is not None and real.flops == 2 * 32 ** 3

@@ -22,6 +22,8 @@ from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, mo
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, map_fd,
                                   read_failure, read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
+from hpc.sandbox.messages import (Attach, Check, FailureKind, Load, LoadReply, Prepare, ProgramSetup, ReferenceSetup,
+                                  Run, Serve, decode)
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
 
@@ -69,31 +71,30 @@ class PairDriver:
     def setup(self, task: Task, init_seed: int, probe_seed: int, burst: int = 0) -> dict:
         """Lay out the task's inputs and outputs (reference), share the slot, map it in the program;
         `burst` calls a timed frame (0: sized from the reference's probe, hpc.profile.driver.burst_for).
-        {"layout", "outputs", "burst"}; SandboxError (kind "task" for the task's own failures) when a
+        {"layout", "outputs", "burst"}; SandboxError (kind TASK for the task's own failures) when a
         step fails."""
         cfg, ex = self.cfg, self.pair.exchange
         ref, prog = self.pair.reference, self.pair.program
         common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
-        laid = ref.request({"op": "setup", **common, "probe_seed": probe_seed,
-                            "task": str(harness_file(task.path, ref.workdir, "task.py", task.sha256))})
-        layout = InputLayout.from_message(laid["layout"])
-        outputs = [TensorSpec.parse(o) for o in laid["outputs"]]
+        laid = ref.request(ReferenceSetup(**common, probe_seed=probe_seed,
+                                          task=str(harness_file(task.path, ref.workdir, "task.py", task.sha256))))
+        layout = InputLayout.from_message(laid.layout)
+        outputs = [TensorSpec.parse(o) for o in laid.outputs]
         t = cfg.timing
         flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
         budget = (t.batch_mb_cuda if cfg.backend == "cuda" else t.batch_mb_cpu) << 20
-        per_call = align(layout.slot_bytes) + align(int(laid["output_bytes"]))
-        burst = burst or burst_for(cfg, float(laid["probe_ms"]), per_call, len(outputs))
+        per_call = align(layout.slot_bytes) + align(laid.output_bytes)
+        burst = burst or burst_for(cfg, laid.probe_ms, per_call, len(outputs))
         batch = max(burst, min(most_calls(cfg, burst), budget // max(per_call, 1)))
         staging = batch * per_call if cfg.backend != "cuda" else 0
         os.ftruncate(ex.slot, burst * layout.stride if cfg.backend != "cuda" else 0)
         os.ftruncate(ex.staging, staging)
-        shared = {"layout": laid["layout"], "outputs": laid["outputs"], "spin": self.spin, "burst": burst}
-        attached = ref.request({"op": "attach", **shared, "fds": ex.reference.to_message(),
-                                "correctness": asdict(cfg.correctness), "flush_bytes": flush, "batch_bytes": budget,
-                                "staging_bytes": staging, "per_call": per_call})
-        prog.request({"op": "setup", **common, **shared, "fds": ex.program.to_message(),
-                      "task": str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
-                      "slot_handle": attached.get("slot_handle", "")})
+        shared = {"layout": laid.layout, "outputs": laid.outputs, "spin": self.spin, "burst": burst}
+        attached = ref.request(Attach(**shared, fds=ex.reference.to_message(), correctness=asdict(cfg.correctness),
+                                      flush_bytes=flush, batch_bytes=budget, staging_bytes=staging, per_call=per_call))
+        prog.request(ProgramSetup(**common, **shared, fds=ex.program.to_message(),
+                                  task=str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
+                                  slot_handle=attached.slot_handle))
         if cfg.backend != "cuda":
             self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, burst)
         return {"layout": layout, "outputs": outputs, "burst": burst}
@@ -104,24 +105,41 @@ class PairDriver:
         a crashed or hung program is killed and shows as the loop's failure (its exit described by
         the program's SandboxError)."""
         prog, timeout = self.pair.program, self.cfg.sandbox.timeout_s
-        prog.send({"op": "serve", **({"program": program} if program else {})})
+        serve = Serve(program)
+        prog.send(serve)
         if self.agent is not None:
             result = run_calls(calls, self.agent, self.pair.exchange.go_write, self.pair.exchange.done_read,
                                self.spin, time.monotonic() + timeout, batch_limit)
             stop_program(self.pair.exchange.go_write)
         else:
-            reply = self.pair.reference.request({"op": "run", "calls": [c.to_message() for c in calls],
-                                                 "timeout_s": timeout, "batch_limit": batch_limit})
-            failure = reply.get("failure")
-            result = LoopResult([int(x) for x in reply["times_ns"]], Failure(**failure) if failure else None,
-                                {k: reply[k] for k in ("checked", "max_abs_error", "max_rel_error")})
-        if result.failure is not None and result.failure.kind in ("timeout", "crash"):
+            reply = self.pair.reference.request(Run([c.to_message() for c in calls], timeout, batch_limit))
+            result = LoopResult([int(x) for x in reply.times_ns], _failure(reply.failure),
+                                {"checked": reply.checked, "max_abs_error": reply.max_abs_error,
+                                 "max_rel_error": reply.max_rel_error})
+        if result.failure is not None and result.failure.kind in (FailureKind.TIMEOUT, FailureKind.CRASH):
             prog.kill()
-        prog.receive("serve")
+        prog.receive(serve)
         return result
 
-    def load(self, message: dict) -> dict:
-        return self.pair.program.request({"op": "load", **message})
+    def load(self, message: dict) -> LoadReply:
+        """Load a program in the program process (`message`: the fields of a Load request)."""
+        return self.pair.program.request(Load(**message))
+
+
+def _failure(reported: dict | None) -> Failure | None:
+    """The failure a reference's reply reports; SandboxError when it is malformed."""
+    if reported is None:
+        return None
+    try:
+        return decode(Failure, reported)
+    except ValueError as e:
+        raise SandboxError(f"malformed reply from the reference process: {e}") from None
+
+
+def _reference_kind(e: SandboxError) -> FailureKind:
+    """A failure of the reference is the task's when it says so, else the harness's: never the
+    candidate's."""
+    return FailureKind.TASK if e.kind == FailureKind.TASK else FailureKind.HARNESS
 
 
 class _HostAgent:
@@ -146,9 +164,9 @@ class _HostAgent:
 
     def prepare(self, calls: list[Call]) -> Failure | None:
         try:
-            self.ref.request({"op": "prepare", "calls": [c.to_message() for c in calls]})
+            self.ref.request(Prepare([c.to_message() for c in calls]))
         except SandboxError as e:
-            return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}")
+            return Failure(_reference_kind(e), f"reference: {e.reason}")
         return None
 
     def publish(self, index: int, position: int) -> None:
@@ -175,16 +193,16 @@ class _HostAgent:
                 if o.nbytes:
                     read_process_memory(self.pid, claim.address, self.staging[base + o.offset:base + o.offset + o.nbytes])
         except (ValueError, OSError) as e:
-            return Failure("correctness", f"the program's outputs could not be read: {e}")
+            return Failure(FailureKind.CORRECTNESS, f"the program's outputs could not be read: {e}")
         return None
 
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]:
         try:
-            reply = self.ref.request({"op": "check", "calls": [c.to_message() for c in calls]})
+            reply = self.ref.request(Check([c.to_message() for c in calls]))
         except SandboxError as e:
-            return Failure(e.kind if e.kind == "task" else "harness", f"reference: {e.reason}"), {}
-        failure = reply.get("failure")
-        return (Failure(**failure) if failure else None), reply
+            return Failure(_reference_kind(e), f"reference: {e.reason}"), {}
+        return _failure(reply.failure), {"checked": reply.checked, "max_abs_error": reply.max_abs_error,
+                                         "max_rel_error": reply.max_rel_error}
 
     def program_failure(self) -> Failure:
         return Failure(*read_failure(self.header))

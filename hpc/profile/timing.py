@@ -41,6 +41,7 @@ from typing import Callable, Protocol
 
 from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, ProgramGone, TensorSpec, read_frame,
                                   send_frame)
+from hpc.sandbox.messages import FailureKind
 
 PROTOCOL = "outside-3"     # kept with every record: outside clock, programs side by side in one window,
                            # timed calls in bursts
@@ -84,19 +85,21 @@ def frames(calls: list[Call]) -> list[tuple[int, int]]:
 
 @dataclass
 class Failure:
-    """Why a loop stopped: `kind` is the program's (policy, runtime, crash, timeout, output,
-    correctness), or the task's (task)."""
+    """Why a loop stopped: `kind` says whose fault (ValueError for a kind FailureKind lacks)."""
 
-    kind: str
+    kind: FailureKind
     reason: str
     call: int = -1
+
+    def __post_init__(self):
+        self.kind = FailureKind(self.kind)
 
 
 def modified_input(layout: InputLayout, differs: Callable[[TensorSpec], bool]) -> Failure | None:
     """The first tensor input whose bytes in the slot `differs` from what the driver put there."""
     for k, entry in enumerate(layout.entries):
         if isinstance(entry, TensorSpec) and entry.nbytes and differs(entry):
-            return Failure("policy", f"forward modified its input {k} in place")
+            return Failure(FailureKind.POLICY, f"forward modified its input {k} in place")
     return None
 
 
@@ -150,12 +153,14 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
             try:
                 got, status, _ = read_frame(done_fd, deadline, spin)
             except CallTimeout:
-                return LoopResult(times, Failure("timeout", "timed out in a call", a), checks)
+                return LoopResult(times, Failure(FailureKind.TIMEOUT, "timed out in a call", a), checks)
             except ProgramGone:
-                return LoopResult(times, Failure("crash", "the program process ended during a call", a), checks)
+                return LoopResult(times, Failure(FailureKind.CRASH, "the program process ended during a call", a),
+                                  checks)
             t1 = time.monotonic_ns()
             if got != seq:
-                return LoopResult(times, Failure("output", f"malformed done frame ({got}, expected {seq})", a), checks)
+                return LoopResult(times, Failure(FailureKind.OUTPUT, f"malformed done frame ({got}, expected {seq})",
+                                                 a), checks)
             if status == DONE_FAILED:
                 failure = agent.program_failure()
                 failure.call = a

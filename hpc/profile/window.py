@@ -21,6 +21,7 @@ from typing import Protocol
 
 from hpc.profile.timing import Call, Failure, LoopResult, frames
 from hpc.sandbox import freeze
+from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.process import SandboxError
 
 
@@ -91,7 +92,7 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
                     freeze.stop(other.tree)
                 except freeze.FreezeError as e:
                     raise EntrantError(other.name, SandboxError(f"its processes could not be stopped: {e}",
-                                                                "runtime")) from None
+                                                                FailureKind.RUNTIME)) from None
                 stopped.add(other.name)
         if entrant.name in stopped:
             freeze.resume(entrant.tree)

@@ -194,12 +194,13 @@ class ResultWriter(AppendingFile):
     def append(self, record: EvalRecord) -> None:
         """One record; text fields as valid UTF-8 without NUL (HDF5 refuses others, and a candidate's
         source or a file name can hold anything)."""
+        record.validate()
         self.append_rows(self.group, {fd.name: [shown(v) if isinstance(v := getattr(record, fd.name), str) else v]
                                       for fd in FIELDS})
 
     def records(self) -> list[EvalRecord]:
         """Every complete record of the file, read through this writer's own handle."""
-        return _as_records(*complete_rows(self.group))
+        return _as_records(self.path, *complete_rows(self.group))
 
 
 class RecordStore:
@@ -557,12 +558,19 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     """Every complete record of a results file (SWMR-safe while a writer is still appending)."""
     path = Path(path)
-    return _as_records(*read_retrying(path, lambda f: complete_rows(_records_group(f, path))))
+    return _as_records(path, *read_retrying(path, lambda f: complete_rows(_records_group(f, path))))
 
 
-def _as_records(columns: dict[str, np.ndarray], n: int) -> list[EvalRecord]:
-    return [EvalRecord(**{fd.name: to_python(columns[fd.name][i]) for fd in FIELDS if fd.name in columns})
-            for i in range(n)]
+def _as_records(path: Path, columns: dict[str, np.ndarray], n: int) -> list[EvalRecord]:
+    """The rows as records; UserError naming the row for a value outside its field's vocabulary."""
+    records = []
+    for i in range(n):
+        try:
+            row = {fd.name: to_python(columns[fd.name][i]) for fd in FIELDS if fd.name in columns}
+            records.append(EvalRecord(**row))
+        except ValueError as e:
+            raise UserError(f"results {path}: malformed, row {i}: {e}") from None
+    return records
 
 
 def to_python(v):

@@ -5,8 +5,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-STAGES = ("static", "compile", "load", "correctness", "timing", "baseline", "pool")
+from hpc.config import BACKENDS
+
+# ok; failed: the candidate's fault (paid the incorrect reward); error: the harness's or the task's
+Status = Literal["ok", "failed", "error"]
+Stage = Literal["static", "compile", "load", "correctness", "timing", "baseline", "pool"]
+STATUSES: tuple[Status, ...] = get_args(Status)
+STAGES: tuple[Stage, ...] = get_args(Stage)
 
 
 @dataclass
@@ -20,15 +27,15 @@ class EvalRecord:
     candidate_kind: str = ""
     candidate_path: str = ""
     candidate_source: str = ""
-    backend: str = ""
+    backend: str = ""             # one of hpc.config.BACKENDS; "" when never known (a request the pool gave up on)
     hardware: str = ""
     versions: str = ""            # JSON
     policy: str = ""              # JSON: the library/op policy in force
     config: str = ""              # JSON: the full evaluation config
     isolation: str = ""           # JSON: sandbox features that were in force
     # outcome per stage
-    status: str = "ok"            # ok | failed (candidate's fault) | error (harness or task's fault)
-    failed_stage: str = ""        # one of STAGES, "" when none failed
+    status: Status = "ok"
+    failed_stage: Stage | Literal[""] = ""   # "" when none failed
     reason: str = ""
     compiled: bool = False
     compile_seconds: float = math.nan
@@ -65,8 +72,19 @@ class EvalRecord:
     stage_seconds: str = ""       # JSON {stage: seconds}: compile, load, correctness, timing, baseline...
                                   # and the device lock's lock_wait_shared, lock_wait_exclusive, lock_held_exclusive
 
-    def fail(self, stage: str, reason: str, status: str = "failed") -> "EvalRecord":
-        assert stage in STAGES
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """ValueError for a status, stage or backend outside its vocabulary: checked when a record
+        is made (or read from a file) and when it is written."""
+        _check("status", self.status, STATUSES)
+        _check("failed_stage", self.failed_stage, ("", *STAGES))
+        _check("backend", self.backend, ("", *BACKENDS))
+
+    def fail(self, stage: Stage, reason: str, status: Status = "failed") -> "EvalRecord":
+        _check("failed_stage", stage, STAGES)
+        _check("status", status, ("failed", "error"))
         self.status, self.failed_stage, self.reason = status, stage, reason
         return self
 
@@ -80,6 +98,11 @@ class EvalRecord:
                 value = getattr(self, f.name)
                 out[f.name] = _num(value) if isinstance(value, float) else value
         return out
+
+
+def _check(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"record {name}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
 
 
 def _num(x: float):

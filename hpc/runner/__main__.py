@@ -7,6 +7,7 @@ import sys
 
 def main() -> None:
     role, req_fd, rep_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    from hpc.sandbox.messages import Exit, FailureKind, decode_request
     from hpc.sandbox.protocol import ChannelClosed, decode_json, read_message, write_reply
     import torch
 
@@ -19,15 +20,20 @@ def main() -> None:
     with torch.no_grad():
         while True:
             try:
-                msg = decode_json(read_message(req_fd))
+                message = decode_json(read_message(req_fd))
             except ChannelClosed:
                 return
-            if msg.get("op") == "exit":
+            try:
+                request = decode_request(message, role)
+            except ValueError as e:
+                write_reply(rep_fd, {"error": f"malformed request: {e}", "kind": FailureKind.HARNESS})
+                continue
+            if isinstance(request, Exit):
                 return
             try:
-                reply = dispatch(worker, msg)
+                reply = dispatch(worker, request).to_message()
             except PolicyViolation as e:
-                reply = {"error": str(e), "kind": "policy"}
+                reply = {"error": str(e), "kind": FailureKind.POLICY}
             except WorkerError as e:
                 reply = {"error": str(e), "kind": e.kind}
             write_reply(rep_fd, reply)

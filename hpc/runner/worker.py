@@ -32,16 +32,23 @@ from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, Exch
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
                                   read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
                                   write_outputs)
+from hpc.sandbox.messages import (WORKER_KINDS, Attach, AttachReply, Check, CheckReply, Cost, CostReply, FailureKind,
+                                  Load, LoadReply, Ok, Outputs, OutputsReply, Prepare, ProgramSetup, Ready,
+                                  ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run, RunReply, Serve,
+                                  ServeReply, SetupReply)
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
 
 
 class WorkerError(Exception):
-    """Reported to the harness as {"error": message, "kind": kind}."""
+    """Reported to the harness as {"error": message, "kind": kind}: one of the kinds a worker may
+    report (hpc.sandbox.messages.WORKER_KINDS; ValueError for any other)."""
 
-    def __init__(self, message: str, kind: str):
+    def __init__(self, message: str, kind: FailureKind):
         super().__init__(message)
-        self.kind = kind
+        if kind not in WORKER_KINDS:
+            raise ValueError(f"a worker cannot report kind {kind!r}")
+        self.kind = FailureKind(kind)
 
 
 def _device(name: str) -> torch.device:
@@ -50,7 +57,7 @@ def _device(name: str) -> torch.device:
             torch.cuda.init()
         except Exception as e:
             raise WorkerError(f"backend cuda requested but CUDA is unusable here: {str(e).strip()[-160:]}",
-                              "harness") from None
+                              FailureKind.HARNESS) from None
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         return torch.device("cuda", torch.cuda.current_device())
@@ -68,7 +75,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _task_error(what: str, e: BaseException) -> WorkerError:
     text = " ".join(line.strip() for line in str(e).strip().splitlines())[:500]
-    return WorkerError(f"{what}: {type(e).__name__}: {text}", "task")
+    return WorkerError(f"{what}: {type(e).__name__}: {text}", FailureKind.TASK)
 
 
 def _views(buffer: torch.Tensor, layout: InputLayout) -> list:
@@ -84,53 +91,53 @@ def _views(buffer: torch.Tensor, layout: InputLayout) -> list:
 
 
 class _Worker:
-    def setup_task(self, msg: dict) -> None:
-        self.device = _device(msg["device"])
+    def setup_task(self, req: ReferenceSetup | ProgramSetup) -> None:
+        self.device = _device(req.device)
         try:
-            self.task = load_task_module(msg["task"], msg["scale"])
+            self.task = load_task_module(req.task, req.scale)
         except Exception as e:
             raise _task_error("task failed to load", e) from None
-        self.init_seed = int(msg["init_seed"])
+        self.init_seed = req.init_seed
 
-    def attach_exchange(self, msg: dict) -> None:
-        self.fds = ExchangeFds.from_message(msg["fds"])
+    def attach_exchange(self, req: Attach | ProgramSetup) -> None:
+        self.fds = ExchangeFds.from_message(req.fds)
         self.header = map_fd(self.fds.header, HEADER_BYTES)
-        self.layout = InputLayout.from_message(msg["layout"])
-        self.outputs = [TensorSpec.parse(o) for o in msg["outputs"]]
-        self.spin = bool(msg["spin"])
+        self.layout = InputLayout.from_message(req.layout)
+        self.outputs = [TensorSpec.parse(o) for o in req.outputs]
+        self.spin = req.spin
 
-    def ready(self, msg: dict) -> dict:
+    def ready(self, req: Ready) -> Ok:
         """Answered once the interpreter is up and the device initialized: a prestarted process
         is then ready for its evaluation."""
-        if "device" in msg:
-            _device(msg["device"])
-        return {"ok": True}
+        if req.device:
+            _device(req.device)
+        return Ok()
 
 
 class ReferenceWorker(_Worker):
     """The task's Model, every input, every check; on cuda the driver of the program's calls."""
 
-    def setup(self, msg: dict) -> dict:
+    def setup(self, req: ReferenceSetup) -> SetupReply:
         """Load the task, build the Model, and lay out one call's inputs and outputs from a sample."""
-        self.setup_task(msg)
+        self.setup_task(req)
         try:
             self.model = init_model(self.task.Model, self.task, self.init_seed, self.device)
         except Exception as e:
             raise _task_error("task Model failed to build", e) from None
-        if msg.get("compile"):   # synthesis checks that torch.compile agrees with eager (compiled at the probe)
-            self.model = torch.compile(self.model, mode=None if msg["compile"] == "default" else msg["compile"])
-        inputs = self._make(int(msg.get("probe_seed", self.init_seed + 1)), "default")
+        if req.compile:   # synthesis checks that torch.compile agrees with eager (compiled at the probe)
+            self.model = torch.compile(self.model, mode=None if req.compile == "default" else req.compile)
+        inputs = self._make(self.init_seed + 1 if req.probe_seed is None else req.probe_seed, "default")
         entries: list = []
         for k, x in enumerate(inputs):
             if isinstance(x, torch.Tensor):
                 if _dtype_name(x.dtype) not in cuda_ipc.DTYPES:
-                    raise WorkerError(f"task input {k} has dtype {x.dtype}, which is not supported", "task")
+                    raise WorkerError(f"task input {k} has dtype {x.dtype}, which is not supported", FailureKind.TASK)
                 entries.append(TensorSpec(_dtype_name(x.dtype), tuple(x.shape)))
             elif x is None or isinstance(x, (bool, int, float, str)):
                 entries.append({"value": x})
             else:
                 raise WorkerError(f"task input {k} is a {type(x).__name__}: only tensors and plain numbers "
-                                  "or strings are supported", "task")
+                                  "or strings are supported", FailureKind.TASK)
         tensors, slot_bytes = packed([e for e in entries if isinstance(e, TensorSpec)])
         it = iter(tensors)
         self.layout = InputLayout(tuple(next(it) if isinstance(e, TensorSpec) else e for e in entries), slot_bytes)
@@ -141,11 +148,11 @@ class ReferenceWorker(_Worker):
             if not isinstance(t, torch.Tensor) or _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
                 raise WorkerError(f"task Model output {k} is a {type(t).__name__}"
                                   f"{' of dtype ' + str(t.dtype) if isinstance(t, torch.Tensor) else ''}: "
-                                  "only tensors of the supported dtypes can be compared", "task")
+                                  "only tensors of the supported dtypes can be compared", FailureKind.TASK)
             specs.append(TensorSpec(_dtype_name(t.dtype), tuple(t.shape)))
         self.output_specs, self.output_bytes = packed(specs)
-        return {"layout": self.layout.to_message(), "outputs": [o.__dict__ for o in self.output_specs],
-                "output_bytes": self.output_bytes, "probe_ms": probe_ms}
+        return SetupReply(self.layout.to_message(), [o.__dict__ for o in self.output_specs], self.output_bytes,
+                          probe_ms)
 
     def _probe_ms(self, inputs: list) -> float:
         """The Model's time for one call on `inputs`, synchronized, the best of three: how long the
@@ -178,14 +185,14 @@ class ReferenceWorker(_Worker):
         inputs = self._make(call.seed, call.distribution)
         if len(inputs) != len(self.layout.entries):
             raise WorkerError(f"task get_inputs returned {len(inputs)} inputs for one seed and "
-                              f"{len(self.layout.entries)} for another", "task")
+                              f"{len(self.layout.entries)} for another", FailureKind.TASK)
         for k, (x, entry) in enumerate(zip(inputs, self.layout.entries)):
             if isinstance(entry, TensorSpec):
                 if not isinstance(x, torch.Tensor) or _dtype_name(x.dtype) != entry.dtype or tuple(x.shape) != entry.shape:
-                    raise WorkerError(f"task input {k} changes type, dtype or shape with the seed", "task")
+                    raise WorkerError(f"task input {k} changes type, dtype or shape with the seed", FailureKind.TASK)
             elif x != entry["value"]:
                 raise WorkerError(f"task input {k} ({entry['value']!r}) changes with the seed: non-tensor inputs "
-                                  "must be constants", "task")
+                                  "must be constants", FailureKind.TASK)
         return inputs
 
     def _pack(self, inputs: list, into: torch.Tensor) -> None:
@@ -193,54 +200,54 @@ class ReferenceWorker(_Worker):
             if isinstance(entry, TensorSpec) and entry.nbytes:
                 into[entry.offset:entry.offset + entry.nbytes].copy_(x.contiguous().reshape(-1).view(torch.uint8))
 
-    def attach(self, msg: dict) -> dict:
+    def attach(self, req: Attach) -> AttachReply:
         """Map the exchange (cpu: slot and staging memfds; cuda: a slot of its own, exported)."""
-        self.attach_exchange(msg)
-        self.correctness = CorrectnessConfig(**msg["correctness"])
-        self.flush_bytes = int(msg["flush_bytes"])
-        self.budget = int(msg["batch_bytes"])
-        self.burst = int(msg["burst"])
+        self.attach_exchange(req)
+        self.correctness = CorrectnessConfig(**req.correctness)
+        self.flush_bytes = req.flush_bytes
+        self.budget = req.batch_bytes
+        self.burst = req.burst
         if self.device.type == "cuda":
             self.slot = cuda_ipc.DeviceBuffer(self.burst * self.layout.stride, self.device)
             self.slot_handle = self.slot.export()
-            return {"slot_handle": self.slot_handle.hex()}
+            return AttachReply(self.slot_handle.hex())
         self.slot_map = map_fd(self.fds.slot, self.burst * self.layout.stride)
-        self.staging_map = map_fd(self.fds.staging, int(msg["staging_bytes"]))
+        self.staging_map = map_fd(self.fds.staging, req.staging_bytes)
         self.staging = (torch.frombuffer(self.staging_map, dtype=torch.uint8) if self.staging_map is not None
                         else torch.empty(0, dtype=torch.uint8))
-        self.per_call = int(msg["per_call"])
-        return {"ok": True}
+        self.per_call = req.per_call
+        return AttachReply()
 
-    def outputs(self, msg: dict) -> dict:
+    def outputs(self, req: Outputs) -> OutputsReply:
         """The Model's outputs for each trial (seed, distribution), on the host: for the synthesis
         filters, which judge tasks, not candidates."""
-        return {"outputs": [[t.detach().to("cpu") for t in self._reference(self._make(t["seed"], t["distribution"]))]
-                            for t in msg["trials"]]}
+        return OutputsReply([[t.detach().to("cpu") for t in self._reference(self._make(t["seed"], t["distribution"]))]
+                             for t in req.trials])
 
-    def repeatable(self, msg: dict) -> dict:
+    def repeatable(self, req: Repeatable) -> RepeatableReply:
         """Whether two runs of the Model on the same inputs agree within the evaluator's tolerance."""
-        cfg = CorrectnessConfig(**msg["correctness"]) if "correctness" in msg else CorrectnessConfig()
-        inputs = self._make(int(msg["seed"]), "default")
+        cfg = CorrectnessConfig() if req.correctness is None else CorrectnessConfig(**req.correctness)
+        inputs = self._make(req.seed, "default")
         copies = lambda: [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]   # noqa: E731
         cmp = compare_outputs(self._reference(copies()), self._reference(copies()), cfg, self.device)
-        return {"same": cmp.ok, "reason": cmp.reason}
+        return RepeatableReply(cmp.ok, cmp.reason)
 
     # --- cpu: the harness drives; the reference makes each batch and checks it ---------------
 
-    def prepare(self, msg: dict) -> dict:
+    def prepare(self, req: Prepare) -> Ok:
         """Make the inputs of a batch of calls into staging, one call every `per_call` bytes."""
-        for j, data in enumerate(msg["calls"]):
+        for j, data in enumerate(req.calls):
             call = Call.from_message(data)
             if call.seed >= 0:
                 self._pack(self._inputs_for(call), self.staging[j * self.per_call:])
-        return {"ok": True}
+        return Ok()
 
-    def check(self, msg: dict) -> dict:
+    def check(self, req: Check) -> CheckReply:
         """Compare the outputs the harness captured into staging with the Model's on the same inputs."""
-        calls = [Call.from_message(c) for c in msg["calls"]]
+        calls = [Call.from_message(c) for c in req.calls]
         failure, measured = _check_calls(self, calls, lambda j: _views(self.staging[j * self.per_call:], self.layout),
                                          lambda j: self._captured_host(j))
-        return {"failure": failure.__dict__ if failure else None, **measured}
+        return CheckReply(failure.__dict__ if failure else None, **measured)
 
     def _captured_host(self, j: int) -> list:
         base = j * self.per_call + self.layout.slot_bytes
@@ -249,34 +256,33 @@ class ReferenceWorker(_Worker):
 
     # --- cuda: the reference drives the calls itself ----------------------------------------
 
-    def run(self, msg: dict) -> dict:
+    def run(self, req: Run) -> RunReply:
         """Drive the program through `calls` (hpc.profile.timing.run_calls) and end its serve loop."""
-        calls = [Call.from_message(c) for c in msg["calls"]]
+        calls = [Call.from_message(c) for c in req.calls]
         set_spinning(self.fds.done, self.spin)
         agent = _DeviceAgent(self)
         try:
             result = run_calls(calls, agent, self.fds.go, self.fds.done, self.spin,
-                               time.monotonic() + float(msg["timeout_s"]), int(msg.get("batch_limit", 0)))
+                               time.monotonic() + req.timeout_s, req.batch_limit)
         finally:
             stop_program(self.fds.go)
             agent.close()
-        return {"times_ns": result.times_ns, "failure": result.failure.__dict__ if result.failure else None,
-                **result.checks}
+        return RunReply(result.times_ns, result.failure.__dict__ if result.failure else None, **result.checks)
 
-    def cost(self, msg: dict) -> dict:
+    def cost(self, req: Cost) -> CostReply:
         """FLOPs (matmul/conv family, counted by torch) and the fewest bytes any implementation must
         move: inputs, parameters and outputs once each. With `meta`, counted on a copy of the task
         built on the meta device (shapes only: no device work, so the harness holds no device lock
-        for it); a task whose forward needs real values there replies {"meta_failed": reason}."""
-        if msg.get("meta"):
+        for it); a task whose forward needs real values there replies with `meta_failed`."""
+        if req.meta:
             meta = torch.device("meta")
             try:
                 with meta:
                     model = init_model(self.task.Model, self.task, self.init_seed, meta)
-                return _counted(model, make_inputs(self.task, msg["seed"], "default", meta))
+                return _counted(model, make_inputs(self.task, req.seed, "default", meta))
             except Exception as e:   # the task's own code on shapes alone: anything may fail
-                return {"meta_failed": f"{type(e).__name__}: {e}"}
-        return _counted(self.model, self._make(msg["seed"], "default"))
+                return CostReply(meta_failed=f"{type(e).__name__}: {e}")
+        return _counted(self.model, self._make(req.seed, "default"))
 
 
 def _check_calls(ref: ReferenceWorker, calls: list[Call], inputs_of, captured_of) -> tuple[Failure | None, dict]:
@@ -297,9 +303,9 @@ def _check_calls(ref: ReferenceWorker, calls: list[Call], inputs_of, captured_of
             again = compare_outputs(expected, ref._reference([x.clone() if isinstance(x, torch.Tensor) else x
                                                               for x in inputs]), ref.correctness, ref.device)
             if not again.ok:
-                return Failure("task", f"the task's Model is not deterministic: two runs on the same inputs "
+                return Failure(FailureKind.TASK, f"the task's Model is not deterministic: two runs on the same inputs "
                                        f"differ ({again.reason})", j), measured
-            return Failure("correctness", cmp.reason, j), measured
+            return Failure(FailureKind.CORRECTNESS, cmp.reason, j), measured
     return None, measured
 
 
@@ -373,7 +379,7 @@ class _DeviceAgent:
                     copies.append(torch.empty(o.nbytes, dtype=torch.uint8, device=self.ref.device).copy_(view))
             self._wait()
         except (ValueError, cuda_ipc.IpcError) as e:
-            return Failure("correctness", f"the program's outputs could not be read: {e}")
+            return Failure(FailureKind.CORRECTNESS, f"the program's outputs could not be read: {e}")
         self.captured[index] = [c.view(getattr(torch, o.dtype)).view(o.shape) for c, o in zip(copies, self.ref.output_specs)]
         return None
 
@@ -412,20 +418,20 @@ class ProgramWorker(_Worker):
     process holds the empty program, eager Model and each torch.compile mode; a candidate's process
     holds the candidate alone once it is loaded."""
 
-    def setup(self, msg: dict) -> dict:
+    def setup(self, req: ProgramSetup) -> Ok:
         """Map the slot's positions (one call's inputs each) and prepare the empty program. No
         candidate code runs here."""
-        self.setup_task(msg)
-        self.attach_exchange(msg)
-        burst, stride = int(msg["burst"]), self.layout.stride
+        self.setup_task(req)
+        self.attach_exchange(req)
+        burst, stride = req.burst, self.layout.stride
         self.slot_bytes = burst * stride
         if self.device.type == "cuda":
             self.mappings = cuda_ipc.Mappings()
             try:
-                self.slot_handle = bytes.fromhex(msg["slot_handle"])
+                self.slot_handle = bytes.fromhex(req.slot_handle)
                 slot = self.mappings.view(self.slot_handle, 0, self.slot_bytes, self.device)
             except (ValueError, cuda_ipc.IpcError) as e:
-                raise WorkerError(f"the input slot could not be mapped: {e}", "harness") from None
+                raise WorkerError(f"the input slot could not be mapped: {e}", FailureKind.HARNESS) from None
         else:
             self.slot_map = map_fd(self.fds.slot, self.slot_bytes)
             slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
@@ -437,29 +443,29 @@ class ProgramWorker(_Worker):
                              for o in self.outputs], self.device)
         self.programs = {"empty": lambda inputs, poison: empty(*inputs)}
         self.call = self.programs["empty"]
-        return {"ok": True}
+        return Ok()
 
     @staticmethod
-    def _monitor(msg: dict) -> OpMonitor:
+    def _monitor(req: Load) -> OpMonitor:
         """The op monitor with the config's policy, loaded before any candidate code runs."""
         try:
-            return OpMonitor(msg["op_monitor"], ALLOWED_OPS | frozenset(msg["policy"]["allowed_torch_ops"]))
+            return OpMonitor(req.op_monitor, ALLOWED_OPS | frozenset(req.policy["allowed_torch_ops"]))
         except (OSError, RuntimeError) as e:
-            raise WorkerError(f"op monitor unusable: {e}", "harness") from None
+            raise WorkerError(f"op monitor unusable: {e}", FailureKind.HARNESS) from None
 
-    def load(self, msg: dict) -> dict:
+    def load(self, req: Load) -> LoadReply:
         """Add a program to time: the candidate's ModelNew under the policy (which retires the empty
         program: nothing timed in this process after candidate code is loaded is trusted), or eager
         or compiled Model (a trusted process holds the empty program, eager and each compile mode)."""
         t0 = time.monotonic()
-        program = msg["program"]
+        program = req.program
         if program == "candidate":
             with compiling():   # a load-time build (load_inline) stays off the cores kept for timing
-                call = self._load_candidate(msg)
+                call = self._load_candidate(req)
             self.programs = {}
         else:
             model = init_model(self.task.Model, self.task, self.init_seed, self.device)
-            mode = msg.get("mode", "default")
+            mode = req.mode
             if program == "compile":
                 model = torch.compile(model, mode=None if mode == "default" else mode)
                 program = f"compile:{mode}"
@@ -469,15 +475,15 @@ class ProgramWorker(_Worker):
             with compiling():
                 call(self.inputs, None)
                 synchronize(self.device)
-        return {"ok": True, "setup_seconds": time.monotonic() - t0, **getattr(self, "load_info", {})}
+        return LoadReply(True, time.monotonic() - t0, **getattr(self, "load_info", {}))
 
-    def _load_candidate(self, msg: dict):
+    def _load_candidate(self, req: Load):
         from hpc import runtime
 
-        monitor = self._monitor(msg)   # before any candidate code
+        monitor = self._monitor(req)   # before any candidate code
         runtime.count_extension_calls()
-        os.environ.update({str(k): str(v) for k, v in msg.get("environment", {}).items()})
-        path = Path(msg["model_file"])
+        os.environ.update({str(k): str(v) for k, v in req.environment.items()})
+        path = Path(req.model_file)
         sys.path.insert(0, str(path.parent))
         try:
             spec = importlib.util.spec_from_file_location("model_new", str(path))
@@ -487,50 +493,53 @@ class ProgramWorker(_Worker):
             torch.manual_seed(self.init_seed)
             model = module.ModelNew(*self.task.get_init_inputs()).to(self.device).eval()
         except Exception as e:
-            raise WorkerError(f"candidate failed to load: {type(e).__name__}: {e}", "load") from None
+            raise WorkerError(f"candidate failed to load: {type(e).__name__}: {e}", FailureKind.LOAD) from None
         reference = init_model(self.task.Model, self.task, self.init_seed, self.device)
         own = model.state_dict()
         matched = {k: v for k, v in reference.state_dict().items() if k in own and own[k].shape == v.shape}
         model.load_state_dict(matched, strict=False)
         self.load_info = {"weights_loaded": len(matched), "weights_total": len(reference.state_dict())}
         del reference
-        guard = ForwardGuard(model, monitor, msg["policy"]["require_custom_kernel"], runtime.launch_count)
+        guard = ForwardGuard(model, monitor, req.policy["require_custom_kernel"], runtime.launch_count)
         return lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
 
-    def serve(self, msg: dict) -> dict:
+    def serve(self, req: Serve) -> ServeReply:
         """Run the calls of `program` each go frame asks for, back to back, until the stop frame;
         answer each with a done frame."""
-        name = msg.get("program", "candidate" if "candidate" in self.programs else "empty")
+        name = req.program or ("candidate" if "candidate" in self.programs else "empty")
         if name not in self.programs:
-            raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})", "harness")
+            raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})",
+                              FailureKind.HARNESS)
         self.call = self.programs[name]
         set_spinning(self.fds.go, self.spin)
         calls = 0
         while True:
             seq, poison, count = read_frame(self.fds.go, math.inf, self.spin)
             if seq == STOP:
-                return {"calls": calls}
+                return ServeReply(calls)
             calls += count
             status = DONE_OK
             try:
                 if not 1 <= count <= len(self.positions):
-                    raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})", "harness")
+                    raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})",
+                                      FailureKind.HARNESS)
                 self._one_frame(POISON[poison] if 0 <= poison < len(POISON) else None, count)
             except PolicyViolation as e:
-                write_failure(self.header, "policy", str(e))
+                write_failure(self.header, FailureKind.POLICY, str(e))
                 status = DONE_FAILED
             except WorkerError as e:
                 write_failure(self.header, e.kind, str(e))
                 status = DONE_FAILED
             except torch.cuda.OutOfMemoryError as e:
-                write_failure(self.header, "runtime", f"CUDA out of memory: {str(e).splitlines()[0]}")
+                write_failure(self.header, FailureKind.RUNTIME, f"CUDA out of memory: {str(e).splitlines()[0]}")
                 status = DONE_FAILED
             except MemoryError:
-                write_failure(self.header, "runtime", "out of memory (address-space limit)")
+                write_failure(self.header, FailureKind.RUNTIME, "out of memory (address-space limit)")
                 status = DONE_FAILED
             except Exception as e:
                 text = str(e).strip()
-                write_failure(self.header, "runtime", f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")
+                write_failure(self.header, FailureKind.RUNTIME,
+                              f"{type(e).__name__}: {text.splitlines()[0] if text else ''}")
                 status = DONE_FAILED
             send_frame(self.fds.done, seq, status)
 
@@ -543,9 +552,10 @@ class ProgramWorker(_Worker):
                     raise PolicyViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
                                           "not a plain torch.Tensor")
                 if t.device.type != self.device.type:
-                    raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}", "runtime")
+                    raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}",
+                                      FailureKind.RUNTIME)
                 if _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
-                    raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", "runtime")
+                    raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", FailureKind.RUNTIME)
                 outs.append(t if t.is_contiguous() else t.contiguous())
         synchronize(self.device)   # device-wide: work left on any stream is inside the frame
         claims = []
@@ -558,7 +568,7 @@ class ProgramWorker(_Worker):
         try:
             write_outputs(self.header, claims)
         except ValueError as e:
-            raise WorkerError(str(e), "runtime") from None
+            raise WorkerError(str(e), FailureKind.RUNTIME) from None
         self.kept = outs   # alive until the next frame: the driver copies them out after this answer
 
     def _handle_of(self, t: torch.Tensor) -> tuple[bytes, int]:
@@ -570,7 +580,7 @@ class ProgramWorker(_Worker):
         return cuda_ipc.handle_of(t)
 
 
-def _counted(model: torch.nn.Module, inputs: list) -> dict:
+def _counted(model: torch.nn.Module, inputs: list) -> CostReply:
     """FLOPs of one forward under torch's counter, and the bytes of its inputs, parameters,
     buffers and outputs."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -579,29 +589,24 @@ def _counted(model: torch.nn.Module, inputs: list) -> dict:
         out = model(*inputs)
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(model.parameters()) + list(
         model.buffers()) + [t for t in as_tuple(out) if isinstance(t, torch.Tensor)]
-    return {"flops": float(counter.get_total_flops()),
-            "bytes": float(sum(t.numel() * t.element_size() for t in tensors))}
+    return CostReply(flops=float(counter.get_total_flops()),
+                     bytes=float(sum(t.numel() * t.element_size() for t in tensors)))
 
 
 ROLES = {"reference": ReferenceWorker, "program": ProgramWorker}
-OPS = {"reference": ("ready", "setup", "attach", "prepare", "check", "run", "cost", "outputs", "repeatable"),
-       "program": ("ready", "setup", "load", "serve")}
 
 
-def dispatch(worker: _Worker, msg: dict) -> dict:
-    op = msg.get("op")
-    role = "reference" if isinstance(worker, ReferenceWorker) else "program"
-    handler = getattr(worker, op, None) if op in OPS[role] else None
-    if handler is None:
-        raise WorkerError(f"unknown op {op!r}", "harness")
+def dispatch(worker: _Worker, request: Request) -> Reply:
+    """The worker's answer to `request`, one its role takes (hpc.sandbox.messages.decode_request
+    refused any other): the handler named by the request's op."""
     try:
-        return handler(msg)
+        return getattr(worker, request.op)(request)
     except (WorkerError, PolicyViolation):
         raise
     except torch.cuda.OutOfMemoryError as e:
-        raise WorkerError(f"CUDA out of memory: {str(e).splitlines()[0]}", "runtime") from None
+        raise WorkerError(f"CUDA out of memory: {str(e).splitlines()[0]}", FailureKind.RUNTIME) from None
     except MemoryError:
-        raise WorkerError("out of memory (address-space limit)", "runtime") from None
+        raise WorkerError("out of memory (address-space limit)", FailureKind.RUNTIME) from None
     except Exception as e:
         raise WorkerError(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                          "runtime") from None
+                          FailureKind.RUNTIME) from None

@@ -35,6 +35,7 @@ import struct
 import time
 from dataclasses import asdict, dataclass, field
 
+from hpc.sandbox.messages import FailureKind, reported_kind
 from hpc.sandbox.protocol import DTYPE_NAMES
 
 HEADER_BYTES = 65536
@@ -143,7 +144,7 @@ def write_outputs(header: mmap.mmap, outputs: list[OutputDescriptor]) -> None:
     _COUNT.pack_into(header, 0, len(outputs), 0)
 
 
-def write_failure(header: mmap.mmap, kind: str, message: str) -> None:
+def write_failure(header: mmap.mmap, kind: FailureKind, message: str) -> None:
     data = f"{kind}\0{message}".encode("utf-8", "replace")[:_ERROR_MAX]
     header[_ERROR_AT:_ERROR_AT + len(data)] = data
     _COUNT.pack_into(header, 0, 0, len(data))
@@ -184,12 +185,17 @@ def validated_outputs(claims: list[OutputDescriptor], expected: list[TensorSpec]
     return claims
 
 
-def read_failure(header: mmap.mmap) -> tuple[str, str]:
-    """(kind, message) the program wrote with its failed call."""
+def read_failure(header: mmap.mmap) -> tuple[FailureKind, str]:
+    """(kind, message) the program wrote with its failed call; a kind a worker may not report
+    makes it a malformed report (OUTPUT), charged to the program."""
     _, length = _COUNT.unpack_from(header, 0)
     text = bytes(header[_ERROR_AT:_ERROR_AT + min(length, _ERROR_MAX)]).decode("utf-8", "replace")
     kind, _, message = text.partition("\0")
-    return kind, message.strip()[:1000] or "the program reported a failure without a reason"
+    message = message.strip()[:1000] or "the program reported a failure without a reason"
+    try:
+        return reported_kind(kind), message
+    except ValueError as e:
+        return FailureKind.OUTPUT, f"malformed failure report ({e}): {message}"
 
 
 # --- the go and done pipes ------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Iterator
 from hpc.config import SandboxConfig
 from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox.exchange import Exchange
+from hpc.sandbox.messages import FailureKind, Ready
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 
 READY_TIMEOUT_S = 300.0
@@ -105,7 +106,7 @@ def harness_file(source: Path, workdir: Path, name: str, sha256: str = "") -> Pa
             out.write(chunk)
     if sha256 and digest.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)
-        raise SandboxError(f"{source} changed since it was read (its digest differs)", "task")
+        raise SandboxError(f"{source} changed since it was read (its digest differs)", FailureKind.TASK)
     os.chmod(tmp, 0o644)
     tmp.replace(dest)
     return dest
@@ -131,17 +132,17 @@ class _Spare:
                 if self._cancelled.is_set():
                     return
                 self.pair = kind.start(sandbox, backend)
-                self._ask({"op": "ready"})
+                self._ask(Ready())
             with lock.shared():
-                self._ask({"op": "ready", "device": backend})
+                self._ask(Ready(backend))
         except (SandboxError, OSError) as e:
             self.failed = getattr(e, "reason", str(e))
 
-    def _ask(self, message: dict) -> None:
+    def _ask(self, request: Ready) -> None:
         for proc in (self.pair.reference, self.pair.program):
-            proc.send(message)
+            proc.send(request)
         for proc in (self.pair.reference, self.pair.program):
-            proc.receive("ready", READY_TIMEOUT_S)
+            proc.receive(request, READY_TIMEOUT_S)
 
     def result(self) -> WorkerPair | None:
         """The started pair, or None (and its processes ended) when it failed to start."""

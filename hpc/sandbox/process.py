@@ -25,22 +25,26 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from hpc.config import SandboxConfig
 from hpc.sandbox import launch
+from hpc.sandbox.messages import Exit, FailureKind, Reply, Request, decode, reported_kind
 from hpc.sandbox.protocol import ChannelClosed, ChannelTimeout, encode_json, read_reply, write_message
 
 STDERR_NAME = "stderr.log"
+R = TypeVar("R", bound=Reply)
 log = logging.getLogger(__name__)
 
 
 class SandboxError(Exception):
-    """The sandboxed process failed: crashed, timed out, or reported an error. `reason` says which."""
+    """The sandboxed process failed: crashed, timed out, or reported an error. `reason` says how,
+    `kind` (a FailureKind; ValueError for any other) whose fault it is."""
 
-    def __init__(self, reason: str, kind: str = "error"):
+    def __init__(self, reason: str, kind: FailureKind = FailureKind.ERROR):
         super().__init__(reason)
         self.reason = reason
-        self.kind = kind   # error | crash | timeout
+        self.kind = FailureKind(kind)
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,20 +167,20 @@ class SandboxedProcess:
         """Start the wall limit now: a process started ahead of its evaluation gets the whole limit."""
         self.deadline = time.monotonic() + self.cfg.timeout_s
 
-    def request(self, message: dict, timeout: float | None = None):
-        """Send one JSON message and return the decoded reply; SandboxError on any failure."""
-        self.send(message)
-        return self.receive(message.get("op", "?"), timeout)
+    def request(self, request: Request, timeout: float | None = None) -> Reply:
+        """Send one request and return its reply, decoded and checked; SandboxError on any failure."""
+        self.send(request)
+        return self.receive(request, timeout)
 
-    def send(self, message: dict) -> None:
+    def send(self, request: Request) -> None:
         """Send without waiting (pair with `receive`): two processes can then work at once."""
         try:
-            write_message(self._to_child, encode_json(message))
+            write_message(self._to_child, encode_json(request.to_message()))
         except BrokenPipeError:
             raise self._failure() from None
 
-    def receive(self, op: str, timeout: float | None = None):
-        """The reply to the message `send` sent (`op` names it in a timeout's reason)."""
+    def receive(self, request: Request, timeout: float | None = None) -> Reply:
+        """The reply to `request`, which `send` sent."""
         deadline = self.deadline if timeout is None else min(self.deadline, time.monotonic() + timeout)
         try:
             reply = read_reply(self._from_child, deadline)
@@ -185,19 +189,15 @@ class SandboxedProcess:
         except ChannelTimeout:
             self.kill()
             waited = self.cfg.timeout_s if timeout is None else timeout
-            raise SandboxError(f"timed out after {waited:.0f} s in {op}", "timeout") from None
+            raise SandboxError(f"timed out after {waited:.0f} s in {request.op}", FailureKind.TIMEOUT) from None
         except Exception as e:   # undecodable reply: a hostile or broken worker
             self.kill()
             raise SandboxError(f"malformed reply from the {self.role} process: {type(e).__name__}: {e}") from None
-        if not isinstance(reply, dict):
-            raise SandboxError(f"malformed reply from the {self.role} process")
-        if reply.get("error"):
-            raise SandboxError(str(reply["error"]), str(reply.get("kind", "error")))
-        return reply
+        return checked_reply(reply, request.reply, self.role)
 
     def _failure(self) -> SandboxError:
         info = self.close()
-        return SandboxError(info.reason, "crash")
+        return SandboxError(info.reason, FailureKind.CRASH)
 
     def kill(self) -> None:
         """End the worker and everything it started, without waiting."""
@@ -209,7 +209,7 @@ class SandboxedProcess:
             return self._exit_info
         if self.proc.poll() is None:
             try:
-                write_message(self._to_child, encode_json({"op": "exit"}))
+                write_message(self._to_child, encode_json(Exit().to_message()))
             except OSError:
                 pass
             try:
@@ -242,6 +242,23 @@ class SandboxedProcess:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def checked_reply(reply: object, expected: type[R], role: str) -> R:
+    """A worker's reply (decoded JSON) as the `expected` type; SandboxError for a reported error
+    (its kind one a worker may report) or a malformed reply (kind ERROR)."""
+    if not isinstance(reply, dict):
+        raise SandboxError(f"malformed reply from the {role} process")
+    try:
+        if "error" in reply:
+            if set(reply) != {"error", "kind"} or not isinstance(reply["error"], str):
+                raise ValueError("an error reply holds a message and a kind")
+            kind = reported_kind(reply["kind"])
+        else:
+            return decode(expected, reply)
+    except ValueError as e:
+        raise SandboxError(f"malformed reply from the {role} process: {e}") from None
+    raise SandboxError(reply["error"], kind)
 
 
 def _describe_exit(rc: int | None, stderr: str) -> str:

@@ -33,6 +33,7 @@ import torch
 from hpc.baseline import measure_program
 from hpc.errors import UserError
 from hpc.profile.device_lock import DeviceLock
+from hpc.sandbox.messages import Outputs, ReferenceSetup, Repeatable
 from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
 from hpc.synthesis.config import SynthesisConfig
@@ -227,10 +228,9 @@ class FilterChain:
             try:
                 with self.lock.shared():
                     if k == 0:
-                        ref.request({"op": "setup", "task": str(harness_file(task.path, ref.workdir, "task.py")),
-                                     "scale": cfg.scale,
-                                     "init_seed": seed, "probe_seed": seed + 1, "device": cfg.backend})
-                    outputs = ref.request({"op": "outputs", "trials": [trial]})["outputs"][0]
+                        ref.request(ReferenceSetup(str(harness_file(task.path, ref.workdir, "task.py")), cfg.scale,
+                                                   seed, cfg.backend, probe_seed=seed + 1))
+                    outputs = ref.request(Outputs([trial])).outputs[0]
             except SandboxError as e:
                 raise _Rejected("eager", e.reason) from None
             finally:
@@ -262,15 +262,14 @@ class FilterChain:
             t0 = self._enter("stochastic", verdict)
             try:
                 with self.lock.shared():
-                    again = ref.request({"op": "repeatable", "seed": seed + 1,
-                                         "correctness": dataclasses.asdict(cfg.correctness)})
+                    again = ref.request(Repeatable(seed + 1, dataclasses.asdict(cfg.correctness)))
             except SandboxError as e:
                 raise _Rejected("eager", e.reason) from None
             finally:
                 self._timed("stochastic", verdict, t0)
-            if not again.get("same"):
+            if not again.same:
                 raise _Rejected("stochastic", "two calls on the same inputs differ beyond the evaluator's "
-                                              f"tolerance ({again.get('reason', '')})")
+                                              f"tolerance ({again.reason})")
         return kept[0]
 
     def _runtime(self, task: Task, seed: int, verdict: Verdict, pair: WorkerPair) -> None:
@@ -302,11 +301,9 @@ class FilterChain:
                                  writable=[self.inductor_cache]) as proc:
             try:
                 with self.lock.autotuning():   # its picks land in the cache the baselines read
-                    proc.request({"op": "setup", "task": str(harness_file(task.path, proc.workdir, "task.py")),
-                                  "scale": cfg.scale, "init_seed": seed,
-                                  "probe_seed": seed + 1, "device": cfg.backend, "compile": "default"})
-                    got = proc.request({"op": "outputs", "trials": [{"seed": seed + 1,
-                                                                     "distribution": "default"}]})["outputs"][0]
+                    proc.request(ReferenceSetup(str(harness_file(task.path, proc.workdir, "task.py")), cfg.scale,
+                                                seed, cfg.backend, probe_seed=seed + 1, compile="default"))
+                    got = proc.request(Outputs([{"seed": seed + 1, "distribution": "default"}])).outputs[0]
             except SandboxError as e:
                 raise _Rejected("compile", f"torch.compile failed: {e.reason}") from None
             finally:

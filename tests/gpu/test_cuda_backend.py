@@ -14,6 +14,7 @@ import torch
 from hpc.candidate import load_candidate
 from hpc.pipeline import evaluate
 from hpc.sandbox import cuda_ipc
+from hpc.sandbox.messages import Attach, ReferenceSetup
 from hpc.sandbox.process import SandboxedProcess
 from hpc.task import load_task
 from tests.conftest import RELU_TASK, TESTS
@@ -68,13 +69,11 @@ def reference_slot(tmp_path, cuda_config):
     proc = SandboxedProcess("reference", tmp_path, cuda_config.sandbox, "cuda", trusted=True,
                             pass_fds=Exchange.passed(exchange.reference))
     task = harness_file(RELU_TASK, tmp_path, "task.py")   # what the worker may read: its own folder
-    laid = proc.request({"op": "setup", "task": str(task), "scale": cuda_config.scale, "init_seed": 1,
-                         "probe_seed": 2, "device": "cuda"})
-    attached = proc.request({"op": "attach", "layout": laid["layout"], "outputs": laid["outputs"], "spin": False,
-                             "fds": exchange.reference.to_message(), "burst": 1,
-                             "correctness": dataclasses.asdict(cuda_config.correctness), "flush_bytes": 0,
-                             "batch_bytes": 1 << 30, "staging_bytes": 0, "per_call": 0})
-    yield proc, bytes.fromhex(attached["slot_handle"]), laid["layout"]["slot_bytes"]
+    laid = proc.request(ReferenceSetup(str(task), cuda_config.scale, 1, "cuda", probe_seed=2))
+    attached = proc.request(Attach(laid.layout, laid.outputs, spin=False, burst=1, fds=exchange.reference.to_message(),
+                                   correctness=dataclasses.asdict(cuda_config.correctness), flush_bytes=0,
+                                   batch_bytes=1 << 30, staging_bytes=0, per_call=0))
+    yield proc, bytes.fromhex(attached.slot_handle), laid.layout["slot_bytes"]
     proc.close()
     exchange.close()
 
