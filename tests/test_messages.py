@@ -4,13 +4,15 @@ of those defined, and whatever a worker reports is checked where it arrives."""
 from __future__ import annotations
 
 import json
+import mmap
 import re
 
 import pytest
 
 from hpc.profile.timing import Failure
-from hpc.sandbox.messages import (WORKER_KINDS, Attach, Check, Cost, Exit, FailureKind, Load, LoadReply, Ok, Outputs,
-                                  Prepare, ProgramSetup, Ready, ReferenceSetup, Repeatable, Run, Serve, ServeReply,
+from hpc.sandbox.exchange import HEADER_BYTES, read_failure, write_failure
+from hpc.sandbox.messages import (CANDIDATE_KINDS, WORKER_KINDS, Attach, Check, Cost, Exit, FailureKind, Load,
+                                  LoadReply, Ok, Outputs, Prepare, ProgramSetup, Ready, ReferenceSetup, Repeatable, Run, Serve, ServeReply,
                                   decode, decode_request)
 from hpc.sandbox.process import SandboxError, checked_reply
 
@@ -111,3 +113,26 @@ def test_a_reply_keeps_its_values_and_a_float_may_arrive_as_an_int():
     assert failure == Failure(FailureKind.CORRECTNESS, "outside atol", 3)
     with pytest.raises(ValueError):
         decode(Failure, {"kind": "bogus", "reason": "x"})
+
+
+@pytest.mark.parametrize("kind", [FailureKind.HARNESS, FailureKind.TASK])
+def test_a_process_that_ran_candidate_code_cannot_claim_a_fault_not_its_own(kind):
+    """The task's and the harness's failures are errors, neither charged nor kept: a candidate
+    that could claim one would dodge its -1. Its claim is a malformed reply, charged to it."""
+    with pytest.raises(SandboxError) as err:
+        checked_reply({"error": "not me", "kind": str(kind)}, LoadReply, "program", CANDIDATE_KINDS)
+    assert err.value.kind == FailureKind.ERROR and "cannot report" in err.value.reason
+    with pytest.raises(SandboxError) as err:
+        checked_reply({"error": "it failed", "kind": "runtime"}, LoadReply, "program", CANDIDATE_KINDS)
+    assert err.value.kind == FailureKind.RUNTIME
+
+
+@pytest.mark.parametrize("kind, read", [(FailureKind.RUNTIME, FailureKind.RUNTIME),
+                                        (FailureKind.POLICY, FailureKind.POLICY),
+                                        (FailureKind.HARNESS, FailureKind.OUTPUT),
+                                        (FailureKind.TASK, FailureKind.OUTPUT)])
+def test_a_failure_in_a_programs_header_is_the_programs_own(kind, read):
+    header = mmap.mmap(-1, HEADER_BYTES)
+    write_failure(header, kind, "why")
+    got, message = read_failure(header)
+    assert got == read and "why" in message

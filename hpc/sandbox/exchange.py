@@ -35,7 +35,7 @@ import struct
 import time
 from dataclasses import asdict, dataclass, field
 
-from hpc.sandbox.messages import FailureKind, reported_kind
+from hpc.sandbox.messages import CANDIDATE_KINDS, FailureKind, reported_kind
 from hpc.sandbox.protocol import DTYPE_NAMES
 
 HEADER_BYTES = 65536
@@ -186,14 +186,15 @@ def validated_outputs(claims: list[OutputDescriptor], expected: list[TensorSpec]
 
 
 def read_failure(header: mmap.mmap) -> tuple[FailureKind, str]:
-    """(kind, message) the program wrote with its failed call; a kind a worker may not report
-    makes it a malformed report (OUTPUT), charged to the program."""
+    """(kind, message) the program wrote with its failed call; a kind a program may not report
+    (hpc.sandbox.messages.CANDIDATE_KINDS: never the task's or the harness's, whoever's program it
+    is) makes it a malformed report (OUTPUT), charged to the program."""
     _, length = _COUNT.unpack_from(header, 0)
     text = bytes(header[_ERROR_AT:_ERROR_AT + min(length, _ERROR_MAX)]).decode("utf-8", "replace")
     kind, _, message = text.partition("\0")
     message = message.strip()[:1000] or "the program reported a failure without a reason"
     try:
-        return reported_kind(kind), message
+        return reported_kind(kind, CANDIDATE_KINDS), message
     except ValueError as e:
         return FailureKind.OUTPUT, f"malformed failure report ({e}): {message}"
 

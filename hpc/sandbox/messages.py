@@ -37,10 +37,21 @@ WORKER_KINDS = frozenset({FailureKind.HARNESS, FailureKind.TASK, FailureKind.LOA
                           FailureKind.POLICY})
 
 
-def reported_kind(value: object) -> FailureKind:
-    """The kind a worker reported; ValueError for anything else (a hostile or broken worker)."""
+# The kinds a process that runs candidate code may report: its own failures, never the task's or
+# the harness's. Those are recorded as errors, not charged (no -1), and evaluated again: a
+# candidate that could claim them would dodge every failing verdict. So once a candidate's code
+# has run in a process (from its load request on), and in every failure written into a program's
+# shared header, any other kind is a malformed report, charged to the program.
+CANDIDATE_KINDS = frozenset({FailureKind.LOAD, FailureKind.RUNTIME, FailureKind.POLICY})
+
+
+def reported_kind(value: object, allowed: frozenset[FailureKind] = WORKER_KINDS) -> FailureKind:
+    """The kind a worker reported; ValueError for anything else (a hostile or broken worker), or
+    for a kind outside `allowed` (one it may not claim)."""
     if not isinstance(value, str) or value not in WORKER_KINDS:
         raise ValueError(f"unknown failure kind {str(value)[:40]!r}")
+    if value not in allowed:
+        raise ValueError(f"a failure of kind {value!r}, which a process that ran candidate code cannot report")
     return FailureKind(value)
 
 

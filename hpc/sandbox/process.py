@@ -29,7 +29,8 @@ from typing import TypeVar
 
 from hpc.config import SandboxConfig
 from hpc.sandbox import launch
-from hpc.sandbox.messages import Exit, FailureKind, Reply, Request, decode, reported_kind
+from hpc.sandbox.messages import (CANDIDATE_KINDS, WORKER_KINDS, Exit, FailureKind, Load, Reply, Request, decode,
+                                  reported_kind)
 from hpc.sandbox.protocol import ChannelClosed, ChannelTimeout, encode_json, read_reply, write_message
 
 STDERR_NAME = "stderr.log"
@@ -116,6 +117,7 @@ class SandboxedProcess:
                  join: SandboxedProcess | None = None):
         self.role, self.workdir, self.cfg = role, Path(workdir), cfg
         self.deadline = time.monotonic() + cfg.timeout_s
+        self.ran_candidate = False   # set by the first load of a candidate (`send`)
         self._exit_info: ExitInfo | None = None
         self._final_tail = ""
         (self.workdir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -174,6 +176,8 @@ class SandboxedProcess:
 
     def send(self, request: Request) -> None:
         """Send without waiting (pair with `receive`): two processes can then work at once."""
+        if isinstance(request, Load) and request.program == "candidate":
+            self.ran_candidate = True   # from here on, its replies are the candidate's words
         try:
             write_message(self._to_child, encode_json(request.to_message()))
         except BrokenPipeError:
@@ -193,7 +197,7 @@ class SandboxedProcess:
         except Exception as e:   # undecodable reply: a hostile or broken worker
             self.kill()
             raise SandboxError(f"malformed reply from the {self.role} process: {type(e).__name__}: {e}") from None
-        return checked_reply(reply, request.reply, self.role)
+        return checked_reply(reply, request.reply, self.role, CANDIDATE_KINDS if self.ran_candidate else WORKER_KINDS)
 
     def _failure(self) -> SandboxError:
         info = self.close()
@@ -244,16 +248,17 @@ class SandboxedProcess:
         self.close()
 
 
-def checked_reply(reply: object, expected: type[R], role: str) -> R:
+def checked_reply(reply: object, expected: type[R], role: str, allowed: frozenset[FailureKind] = WORKER_KINDS) -> R:
     """A worker's reply (decoded JSON) as the `expected` type; SandboxError for a reported error
-    (its kind one a worker may report) or a malformed reply (kind ERROR)."""
+    (its kind one of `allowed`: hpc.sandbox.messages.CANDIDATE_KINDS once candidate code ran in the
+    process) or a malformed reply (kind ERROR, charged to the process's program)."""
     if not isinstance(reply, dict):
         raise SandboxError(f"malformed reply from the {role} process")
     try:
         if "error" in reply:
             if set(reply) != {"error", "kind"} or not isinstance(reply["error"], str):
                 raise ValueError("an error reply holds a message and a kind")
-            kind = reported_kind(reply["kind"])
+            kind = reported_kind(reply["kind"], allowed)
         else:
             return decode(expected, reply)
     except ValueError as e:
