@@ -168,8 +168,8 @@ def test_files_without_or_with_malformed_training_data_are_user_errors(tmp_path)
     with TrainingWriter(broken) as w:
         w.append_step(step_row(1, "sft", 1))
     with h5py.File(broken, "a") as f:
-        del f["train/steps/entropy"]
-    with pytest.raises(UserError, match="malformed training data, /train/steps lacks columns entropy"):
+        del f["train/steps/stage"]
+    with pytest.raises(UserError, match="malformed training data, /train/steps lacks columns stage"):
         read_steps(broken)
     with pytest.raises(UserError, match="malformed training data"):
         TrainingWriter(broken)
@@ -202,9 +202,9 @@ def test_a_file_of_schema_version_1_reads_and_continues_with_the_columns_added_s
     with h5py.File(path, "r") as f:
         assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION == 4
         assert f["train/steps/optimizer_steps"].shape == f["train/steps/update_tokens"].shape == (2,)
-    with h5py.File(path, "a") as f:     # a current file without the column is malformed
-        del f["train/steps/optimizer_steps"]
-    with pytest.raises(UserError, match="/train/steps lacks columns optimizer_steps"):
+    with h5py.File(path, "a") as f:     # a current file without a required column is malformed
+        del f["train/steps/stage_step"]
+    with pytest.raises(UserError, match="/train/steps lacks columns stage_step"):
         read_steps(path)
 
 
@@ -300,3 +300,26 @@ def test_a_file_of_schema_version_3_reads_the_optimizer_columns_as_nan_and_gains
     assert (rows[1]["actor_grad_norm"], rows[1]["actor_update_ratio"]) == (0.5, 1e-4)
     with h5py.File(path, "r") as f:
         assert f["train"].attrs["schema_version"] == 4
+
+
+def test_a_new_metric_is_a_column_added_to_older_files_without_a_schema_version(tmp_path, monkeypatch):
+    """A metric added to STEP_FIELDS after a file was written: the file reads it as NaN, a writer
+    resuming into it adds the column (NaN for the old rows, the new row's value) and keeps the
+    schema version; the code before the metric reads the newer file but refuses to write to it."""
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(1, "sft", 1, sft_loss=2.0))
+    monkeypatch.setitem(STEP_FIELDS, "new_metric", float)
+    assert math.isnan(read_steps(path)[0]["new_metric"])
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(2, "sft", 2, sft_loss=1.0, new_metric=0.25))
+    rows = read_steps(path)
+    assert math.isnan(rows[0]["new_metric"]) and rows[1]["new_metric"] == 0.25
+    assert [r["sft_loss"] for r in rows] == [2.0, 1.0]
+    with h5py.File(path, "r") as f:
+        assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION
+        assert f["train/steps/new_metric"].shape == f["train/steps/step"].shape == (2,)
+    monkeypatch.delitem(STEP_FIELDS, "new_metric")
+    assert [r["sft_loss"] for r in read_steps(path)] == [2.0, 1.0]
+    with pytest.raises(UserError, match="has a column 'new_metric' that this version does not write"):
+        TrainingWriter(path)
