@@ -4,6 +4,7 @@ analysis report (jobs/analyze.py run in this process: no interpreter start per c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -323,3 +324,24 @@ def test_a_new_metric_is_a_column_added_to_older_files_without_a_schema_version(
     assert [r["sft_loss"] for r in read_steps(path)] == [2.0, 1.0]
     with pytest.raises(UserError, match="has a column 'new_metric' that this version does not write"):
         TrainingWriter(path)
+
+
+def test_a_steps_metrics_take_only_step_columns_and_a_misspelt_one_fails_where_it_is_set():
+    from hpc.rl.metrics import StepMetrics, rollout_metrics
+    from hpc.rl.rollout import RolloutStats
+    from hpc.rl.update import EpochsStats, UpdateStats
+
+    row = StepMetrics(sft_loss=1.0)
+    row.add(step=1, stage="sft", stage_step=1, samples=2)
+    with pytest.raises(ValueError, match="unknown metric 'sft_los'"):
+        row.add(sft_los=0.5)
+    assert row.as_dict() == {"sft_loss": 1.0, "step": 1, "stage": "sft", "stage_step": 1, "samples": 2}
+    update = EpochsStats(UpdateStats(*[0.5] * len(dataclasses.fields(UpdateStats))), []).as_dict()
+    assert StepMetrics(**update).as_dict() == update          # the update's statistics are step columns
+    outcomes = [{"reward": r, "correct": r > 0, "faster_eager": r > 1, "faster_compile": False, "generated": 10,
+                 "clipped": 1, "replies": 2, "malformed": False} for r in (0.0, 2.0)]
+    rollout = rollout_metrics(outcomes, RolloutStats(generation_s=4.0, tools_s=1.0, generated_tokens=20),
+                              timed=True).as_dict()
+    assert (rollout["samples"], rollout["reward_mean"], rollout["pass_rate"], rollout["faster_than_eager_rate"],
+            rollout["response_clipped_ratio"], rollout["tokens_per_second"]) == (2, 1.0, 0.5, 0.5, 0.5, 5.0)
+    assert math.isnan(rollout_metrics(outcomes, RolloutStats(), timed=False).as_dict()["faster_than_compile_rate"])
