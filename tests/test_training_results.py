@@ -4,6 +4,7 @@ analysis report (jobs/analyze.py run in this process: no interpreter start per c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -168,8 +169,8 @@ def test_files_without_or_with_malformed_training_data_are_user_errors(tmp_path)
     with TrainingWriter(broken) as w:
         w.append_step(step_row(1, "sft", 1))
     with h5py.File(broken, "a") as f:
-        del f["train/steps/entropy"]
-    with pytest.raises(UserError, match="malformed training data, /train/steps lacks columns entropy"):
+        del f["train/steps/stage"]
+    with pytest.raises(UserError, match="malformed training data, /train/steps lacks columns stage"):
         read_steps(broken)
     with pytest.raises(UserError, match="malformed training data"):
         TrainingWriter(broken)
@@ -202,9 +203,9 @@ def test_a_file_of_schema_version_1_reads_and_continues_with_the_columns_added_s
     with h5py.File(path, "r") as f:
         assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION == 4
         assert f["train/steps/optimizer_steps"].shape == f["train/steps/update_tokens"].shape == (2,)
-    with h5py.File(path, "a") as f:     # a current file without the column is malformed
-        del f["train/steps/optimizer_steps"]
-    with pytest.raises(UserError, match="/train/steps lacks columns optimizer_steps"):
+    with h5py.File(path, "a") as f:     # a current file without a required column is malformed
+        del f["train/steps/stage_step"]
+    with pytest.raises(UserError, match="/train/steps lacks columns stage_step"):
         read_steps(path)
 
 
@@ -300,3 +301,47 @@ def test_a_file_of_schema_version_3_reads_the_optimizer_columns_as_nan_and_gains
     assert (rows[1]["actor_grad_norm"], rows[1]["actor_update_ratio"]) == (0.5, 1e-4)
     with h5py.File(path, "r") as f:
         assert f["train"].attrs["schema_version"] == 4
+
+
+def test_a_new_metric_is_a_column_added_to_older_files_without_a_schema_version(tmp_path, monkeypatch):
+    """A metric added to STEP_FIELDS after a file was written: the file reads it as NaN, a writer
+    resuming into it adds the column (NaN for the old rows, the new row's value) and keeps the
+    schema version; the code before the metric reads the newer file but refuses to write to it."""
+    path = tmp_path / "train.h5"
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(1, "sft", 1, sft_loss=2.0))
+    monkeypatch.setitem(STEP_FIELDS, "new_metric", float)
+    assert math.isnan(read_steps(path)[0]["new_metric"])
+    with TrainingWriter(path) as w:
+        w.append_step(step_row(2, "sft", 2, sft_loss=1.0, new_metric=0.25))
+    rows = read_steps(path)
+    assert math.isnan(rows[0]["new_metric"]) and rows[1]["new_metric"] == 0.25
+    assert [r["sft_loss"] for r in rows] == [2.0, 1.0]
+    with h5py.File(path, "r") as f:
+        assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION
+        assert f["train/steps/new_metric"].shape == f["train/steps/step"].shape == (2,)
+    monkeypatch.delitem(STEP_FIELDS, "new_metric")
+    assert [r["sft_loss"] for r in read_steps(path)] == [2.0, 1.0]
+    with pytest.raises(UserError, match="has a column 'new_metric' that this version does not write"):
+        TrainingWriter(path)
+
+
+def test_a_steps_metrics_take_only_step_columns_and_a_misspelt_one_fails_where_it_is_set():
+    from hpc.rl.metrics import StepMetrics, rollout_metrics
+    from hpc.rl.rollout import RolloutStats
+    from hpc.rl.update import EpochsStats, UpdateStats
+
+    row = StepMetrics(sft_loss=1.0)
+    row.add(step=1, stage="sft", stage_step=1, samples=2)
+    with pytest.raises(ValueError, match="unknown metric 'sft_los'"):
+        row.add(sft_los=0.5)
+    assert row.as_dict() == {"sft_loss": 1.0, "step": 1, "stage": "sft", "stage_step": 1, "samples": 2}
+    update = EpochsStats(UpdateStats(*[0.5] * len(dataclasses.fields(UpdateStats))), []).as_dict()
+    assert StepMetrics(**update).as_dict() == update          # the update's statistics are step columns
+    outcomes = [{"reward": r, "correct": r > 0, "faster_eager": r > 1, "faster_compile": False, "generated": 10,
+                 "clipped": 1, "replies": 2, "malformed": False} for r in (0.0, 2.0)]
+    rollout = rollout_metrics(outcomes, RolloutStats(generation_s=4.0, tools_s=1.0, generated_tokens=20),
+                              timed=True).as_dict()
+    assert (rollout["samples"], rollout["reward_mean"], rollout["pass_rate"], rollout["faster_than_eager_rate"],
+            rollout["response_clipped_ratio"], rollout["tokens_per_second"]) == (2, 1.0, 0.5, 0.5, 0.5, 5.0)
+    assert math.isnan(rollout_metrics(outcomes, RolloutStats(), timed=False).as_dict()["faster_than_compile_rate"])

@@ -152,6 +152,32 @@ def current_layout() -> Layout:
         device=f"cuda:{torch.cuda.current_device()}" if cuda else "cpu")
 
 
+class DataParallel:
+    """Metric and sample gathering over this process's data-parallel group (a no-op alone).
+    Gradients are reduced by megatron's DDP inside the optimizers (`hpc.policy.optimizer`)."""
+
+    def __init__(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.group = ps.get_data_parallel_group()
+        self.size = ps.get_data_parallel_world_size()
+        self.rank = ps.get_data_parallel_rank()
+
+    def gather(self, items: list) -> list:
+        """Every replica's `items`, in replica order, on every replica."""
+        if self.size == 1:
+            return items
+        out: list = [None] * self.size
+        torch.distributed.all_gather_object(out, items, group=self.group)
+        return [x for part in out for x in part]
+
+
+def barrier() -> None:
+    """Wait for every process of torch.distributed (nothing when it is not started)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def run_local(fn: Callable[..., Any], nprocs: int, *args: Any, threads_per_proc: int = 1) -> None:
     """Run `fn(*args)` in `nprocs` fresh local processes wired up as torchrun would (RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), for TP/PP on one machine without a launcher.

@@ -8,8 +8,12 @@ the hpc.results.hdf5 kind, so the same writer lock, crash recovery and SWMR read
 trajectories' steps never decrease, so a resumed run cuts both tables after its checkpoint's step
 (truncate_after) and continues without duplicate rows. An evaluation of a policy (hpc.rl.evaluation)
 writes its trajectories to the same table beside its records (EvaluationWriter): no step rows, the
-trajectories' step is the checkpoint's. A file of an older schema version reads the step columns
-added since (STEP_ADDED_IN) as NaN; its next writer adds them.
+trajectories' step is the checkpoint's.
+
+A float step column (a metric) that a file lacks reads as NaN, and the file's next writer adds it
+(NaN in the rows already there): a new metric is a new entry of STEP_FIELDS, not a new schema
+version. Files of versions 1 to 3 lack the metrics added before that rule, and are read and
+continued alike.
 """
 
 from __future__ import annotations
@@ -48,10 +52,6 @@ STEP_FIELDS: dict[str, type] = {
     "timestamp": float,             # Unix time; the time of writing when not given
 }
 REQUIRED = tuple(name for name, tp in STEP_FIELDS.items() if tp is not float)
-# Step columns newer than schema version 1: an older file reads them as NaN, and its next writer
-# adds them (NaN for the rows already there) and marks the file with the current version.
-STEP_ADDED_IN = {"optimizer_steps": 2, "update_tokens": 3, "actor_grad_norm": 4, "actor_update_ratio": 4,
-                 "critic_grad_norm": 4, "critic_update_ratio": 4}
 TRAJECTORY_FIELDS: dict[str, type] = {"step": int, "stage": str, "task_id": str, "reward": float,
                                       "end_reason": str, "data": str}
 TRAJECTORY_KEYS = ("task_id", "reward", "end_reason")   # every trajectory dict has these (and data is all of it)
@@ -66,9 +66,7 @@ class TrainingWriter(AppendingFile):
         if TRAIN_GROUP not in self.file:
             _create_layout(self.file)
         else:
-            group = _train_group(self.file, self.path)
-            if group.attrs["schema_version"] < TRAIN_SCHEMA_VERSION:
-                _upgrade(group)
+            _add_missing_metrics(_train_group(self.file, self.path), self.path)
         self.steps = self.file[TRAIN_GROUP][STEPS]
         self.trajectories = self.file[TRAIN_GROUP][TRAJECTORIES]
         self.last_step = _last_step(self.steps)     # 0 before the first row
@@ -77,7 +75,7 @@ class TrainingWriter(AppendingFile):
     def append_step(self, metrics: dict) -> None:
         """One step's row: step, stage, stage_step and samples required, a missing (or None) float NaN,
         an unknown key a ValueError (a misspelt metric would otherwise vanish)."""
-        unknown = [key for key in metrics if key not in STEP_FIELDS]
+        unknown = unknown_step_metrics(metrics)
         if unknown:
             raise ValueError(f"append_step: unknown metric {unknown[0]!r} (the columns: STEP_FIELDS in "
                              "hpc/results/training.py)")
@@ -153,16 +151,28 @@ def _create_layout(f: h5py.File) -> None:
             table.create_dataset(column, shape=(0,), maxshape=(None,), dtype=column_dtype(tp), chunks=(64,))
 
 
-def _upgrade(group: h5py.Group) -> None:
-    """An older /train group to the current version: the step columns added since, NaN in every
-    row already there (a run started before them resumes into the same file)."""
+def unknown_step_metrics(names) -> list[str]:
+    """The names among `names` that are not step columns (STEP_FIELDS)."""
+    return [name for name in names if name not in STEP_FIELDS]
+
+
+def _add_missing_metrics(group: h5py.Group, path: Path) -> None:
+    """Every metric column the steps table lacks, NaN in every row already there (a run resumed
+    into a file written before the metric existed), and the current version on an older group.
+    Done before the writer's SWMR mode, after which no column can be created. A column this code
+    does not know (a newer one's metric) is a UserError: rows written here would leave it short."""
     steps = group[STEPS]
-    for column in STEP_ADDED_IN:
-        if column not in steps:
+    unknown = unknown_step_metrics(steps)
+    if unknown:
+        raise UserError(f"results {path}: /{TRAIN_GROUP}/{STEPS} has a column {unknown[0]!r} that this version "
+                        "does not write (a newer one made it): continue the file with that version")
+    for column, tp in STEP_FIELDS.items():
+        if tp is float and column not in steps:
             length = steps["step"].shape[0]
-            steps.create_dataset(column, data=np.full(length, np.nan), maxshape=(None,),
-                                 dtype=column_dtype(STEP_FIELDS[column]), chunks=(64,))
-    group.attrs["schema_version"] = TRAIN_SCHEMA_VERSION
+            steps.create_dataset(column, data=np.full(length, np.nan), maxshape=(None,), dtype=column_dtype(tp),
+                                 chunks=(64,))
+    if group.attrs["schema_version"] < TRAIN_SCHEMA_VERSION:
+        group.attrs["schema_version"] = TRAIN_SCHEMA_VERSION
 
 
 def _last_step(table: h5py.Group) -> int:
@@ -195,7 +205,7 @@ def _train_group(f: h5py.File, path: Path) -> h5py.Group:
                         f"1..{TRAIN_SCHEMA_VERSION}")
     for name, fields in ((STEPS, STEP_FIELDS), (TRAJECTORIES, TRAJECTORY_FIELDS)):
         table = group.get(name)
-        expected = [column for column in fields if name != STEPS or STEP_ADDED_IN.get(column, 1) <= version]
+        expected = [column for column, tp in fields.items() if name != STEPS or tp is not float]   # metrics: NaN
         missing = expected if not isinstance(table, h5py.Group) or "count" not in table.attrs else \
             [column for column in expected if column not in table]
         if missing:

@@ -1,6 +1,6 @@
 """Evaluate a trained policy as an agent over a task suite (`jobs/evaluate.py TASKS --policy CKPT`).
 
-Each array task loads the policy of a training run's checkpoint (`hpc.rl.trainer.load_policy`:
+Each array task loads the policy of a training run's checkpoint (`hpc.rl.checkpoints.load_policy`:
 its tokenizer, chat format and weights), plays its share of the (task, sample) pairs as agent
 episodes with `rollout` (batched generation, multi- or single-turn, the run's agent limits unless
 overridden), has the evaluator score them, and writes to its shard file, per sample, the record of
@@ -25,7 +25,7 @@ from hpc.agent.config import AgentConfig, agent_config, agent_config_dict
 from hpc.config import EvalConfig
 from hpc.errors import UserError
 from hpc.results.record import POLICY_SAMPLE, EvalRecord
-from hpc.rl.trainer import PolicyCheckpoint, find_policy_checkpoint
+from hpc.rl.checkpoints import PolicyCheckpoint, find_policy_checkpoint
 from hpc.task import Task
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def evaluate_shard(ev: PolicyEvaluation, items: list[tuple[str, int]], shard: in
     from hpc.policy.generate import SamplingParams
     from hpc.results.hdf5 import provenance
     from hpc.rl.rollout import rollout
-    from hpc.rl.trainer import load_policy
+    from hpc.rl.checkpoints import load_policy
     from hpc.sandbox.prestart import prestarted_workers
     from hpc.task import load_task
 
