@@ -84,7 +84,7 @@ def frames(calls: list[Call]) -> list[tuple[int, int]]:
 
 @dataclass
 class Failure:
-    """Why a loop stopped: `kind` is the program's (policy, runtime, crash, timeout, output,
+    """Why a loop stopped: `kind` is the program's (rules, runtime, crash, timeout, output,
     correctness), or the task's (task)."""
 
     kind: str
@@ -96,7 +96,7 @@ def modified_input(layout: InputLayout, differs: Callable[[TensorSpec], bool]) -
     """The first tensor input whose bytes in the slot `differs` from what the driver put there."""
     for k, entry in enumerate(layout.entries):
         if isinstance(entry, TensorSpec) and entry.nbytes and differs(entry):
-            return Failure("policy", f"forward modified its input {k} in place")
+            return Failure("rules", f"forward modified its input {k} in place")
     return None
 
 

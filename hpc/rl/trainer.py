@@ -56,7 +56,7 @@ from hpc.rl.demonstrations import Demonstration, demonstrations
 from hpc.rl.rollout import RolloutStats, Sample, rollout
 from hpc.rl.staged import pipeline_gather
 from hpc.rl.supervised import reference_logprobs, sft_step, value_step
-from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, train_config, train_config_dict
+from hpc.rl.train_config import BPE_KINDS, StageConfig, TrainConfig, saved_train_config, train_config_dict
 from hpc.rl.update import ppo_epochs
 from hpc.task import Task, discover_tasks, select_tasks
 
@@ -132,7 +132,7 @@ def find_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
     ckpt_state = root.parent / f"{STATE_FILE}.{step}"
     if not ckpt_state.is_file() or not (checkpoint_dir(root, step) / META).is_file():
         raise UserError(f"policy {path}: step {step} is not a complete checkpoint (no {ckpt_state.name} or {META})")
-    config = train_config(json.loads(ckpt_state.read_text())["config"])
+    config = saved_train_config(json.loads(ckpt_state.read_text())["config"])
     return PolicyCheckpoint(root.parent.parent, step, config)
 
 

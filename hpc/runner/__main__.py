@@ -10,7 +10,7 @@ def main() -> None:
     from hpc.sandbox.protocol import ChannelClosed, decode_json, read_message, write_reply
     import torch
 
-    from hpc.runner.guard import PolicyViolation, warm_up
+    from hpc.runner.guard import RuleViolation, warm_up
     from hpc.runner.worker import ROLES, WorkerError, dispatch
 
     if role == "program":
@@ -26,8 +26,8 @@ def main() -> None:
                 return
             try:
                 reply = dispatch(worker, msg)
-            except PolicyViolation as e:
-                reply = {"error": str(e), "kind": "policy"}
+            except RuleViolation as e:
+                reply = {"error": str(e), "kind": "rules"}
             except WorkerError as e:
                 reply = {"error": str(e), "kind": e.kind}
             write_reply(rep_fd, reply)
