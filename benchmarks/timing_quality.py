@@ -3,7 +3,7 @@
 1. spread: one candidate evaluated `--repeats` times from scratch (fresh worker processes each
    time); the coefficient of variation of its median time across those evaluations.
 2. bias: an eager-identical candidate (the task's own `Model` as `ModelNew`, its aten ops allowed
-   by the policy for this measurement only) evaluated `--repeats` times; its speedup over the
+   by the rules for this measurement only) evaluated `--repeats` times; its speedup over the
    eager baseline should be 1.
 
     python benchmarks/timing_quality.py --backend cuda [--task ... --solution ... --ops gelu]
@@ -70,8 +70,8 @@ def main() -> None:
     times = [r.candidate_ms for r in solution]
 
     print(f"bias: eager-identical candidate x{args.repeats}", flush=True)
-    cfg.policy.allowed_torch_ops = [op for op in args.ops.split(",") if op]
-    cfg.policy.require_custom_kernel = False
+    cfg.rules.allowed_torch_ops = [op for op in args.ops.split(",") if op]
+    cfg.rules.require_custom_kernel = False
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / f"eager_identical_{task.path.stem}.py"
         src.write_text(task.path.read_text() + "\n\nclass ModelNew(Model):\n    pass\n")

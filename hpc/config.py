@@ -97,7 +97,9 @@ class SandboxConfig:
 
 
 @dataclass
-class PolicyConfig:
+class RulesConfig:
+    """What a candidate may use: the evaluator's op and library rules (not the LLM policy)."""
+
     allowed_torch_ops: list[str] = field(default_factory=list)  # extra aten ops allowed in forward
     require_custom_kernel: bool = True    # a forward that calls none of its own kernels fails
     libraries: list[str] = field(default_factory=list)  # vendor libraries kernels may use, e.g. [cublas]
@@ -127,7 +129,7 @@ class EvalConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     floor: FloorConfig = field(default_factory=FloorConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rules: RulesConfig = field(default_factory=RulesConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
 
@@ -143,8 +145,8 @@ class EvalConfig:
             _check_choice("correctness.distributions[]", d, tuple(DISTRIBUTIONS))
         from hpc.verify.static import LIBRARIES
 
-        for lib in self.policy.libraries:
-            _check_choice("policy.libraries[]", lib, tuple(LIBRARIES))
+        for lib in self.rules.libraries:
+            _check_choice("rules.libraries[]", lib, tuple(LIBRARIES))
         for m in self.baseline.compile_modes:
             _check_choice("baseline.compile_modes[]", m,
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
@@ -188,15 +190,18 @@ def _check_choice(key: str, value: Any, choices: tuple) -> None:
         raise UserError(f"config {key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
 
 
-# Keys that existed once: a config that still sets one gets a line saying what replaced it.
-REMOVED_KEYS = {
-    **{f"timing.{k}": "removed: every call is now timed on a clock outside the candidate's process "
-                      "(docs/evaluator.md), so there is no in-process clock to check"
+# Keys that existed once, by the config class that had them: a config that still sets one gets a
+# line saying what replaced it, wherever that class sits (`policy` of an evaluation config is
+# `eval.policy` in a training config, whose own top-level `policy` is the LLM and stays valid).
+REMOVED_KEYS: dict[tuple[type, str], str] = {
+    **{(TimingConfig, k): "removed: every call is now timed on a clock outside the candidate's process "
+                          "(docs/evaluator.md), so there is no in-process clock to check"
        for k in ("host_check_calls", "host_check_ratio", "host_check_attempts")},
-    "timing.start_gate_timeout_us": "removed: calls are timed from outside the program's process, "
-                                    "with no start gate (docs/evaluator.md)",
-    "sandbox.share_outputs": "removed: the reference worker always reads a candidate's outputs itself "
-                             "(CUDA IPC on cuda, process memory on cpu)",
+    (TimingConfig, "start_gate_timeout_us"): "removed: calls are timed from outside the program's process, "
+                                             "with no start gate (docs/evaluator.md)",
+    (SandboxConfig, "share_outputs"): "removed: the reference worker always reads a candidate's outputs itself "
+                                      "(CUDA IPC on cuda, process memory on cpu)",
+    (EvalConfig, "policy"): "renamed to rules (the candidate's op and library rules)",
 }
 
 
@@ -211,8 +216,8 @@ def build_config(cls, data: Any, prefix: str):
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in names:
-            if path in REMOVED_KEYS:
-                raise UserError(f"config {path}: {REMOVED_KEYS[path]}")
+            if (cls, key) in REMOVED_KEYS:
+                raise UserError(f"config {path}: {REMOVED_KEYS[cls, key]}")
             raise UserError(f"config {path}: unknown key (known: {', '.join(sorted(names))})")
         kwargs[key] = _coerce(hints[key], value, path)
     return cls(**kwargs)

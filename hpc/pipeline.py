@@ -68,7 +68,7 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
         task_id=task.task_id, task_level=task.level, task_sha256=task.sha256, scale=cfg.scale,
         candidate_sha256=candidate.sha256, candidate_kind=candidate.kind, candidate_path=str(candidate.path),
         candidate_source=candidate.source_text(), backend=cfg.backend, hardware=device_name(cfg.backend),
-        versions=json.dumps(versions()), policy=json.dumps(config["policy"]),
+        versions=json.dumps(versions()), rules=json.dumps(config["rules"]),
         config=json.dumps(config), reward_kind=cfg.reward.kind, timestamp=time.time())
     clock, lock = _StageClock(), DeviceLock(cfg.backend)
     try:
@@ -100,8 +100,8 @@ class _StageClock:
 def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str,
                 clock: _StageClock, lock: DeviceLock) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file,
-                            cfg.policy.libraries)
-              or kernel_defect(candidate.files, cfg.policy.libraries))
+                            cfg.rules.libraries)
+              or kernel_defect(candidate.files, cfg.rules.libraries))
     clock.mark("static")
     if defect:
         rec.fail("static", defect)
@@ -167,7 +167,7 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
     process loads it with."""
     if candidate.kind == SINGLE_FILE:
         return {"TORCH_EXTENSIONS_DIR": str(extension_dirs[0]), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
-    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
+    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.rules.libraries))
     result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s,
                              max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
@@ -226,8 +226,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
     stage = "load"
     try:
         monitor = harness_file(op_monitor_library(cfg.cache_path()), pair.candidate_dir, "op_monitor.so")
-        guard = {"op_monitor": str(monitor), "policy": {"allowed_torch_ops": cfg.policy.allowed_torch_ops,
-                                                          "require_custom_kernel": cfg.policy.require_custom_kernel}}
+        guard = {"op_monitor": str(monitor), "rules": {"allowed_torch_ops": cfg.rules.allowed_torch_ops,
+                                                         "require_custom_kernel": cfg.rules.require_custom_kernel}}
         with lock.shared():
             seeds.burst = driver.setup(task, seeds.init, seeds.probe)["burst"]
             rec.seeds = seeds.to_json()
@@ -336,8 +336,8 @@ def _fail(rec: EvalRecord, stage: str, failure: Failure, cfg: EvalConfig) -> Non
     """A loop's failure, charged to the candidate unless it was the task's or the harness's."""
     if failure.kind in (FailureKind.TASK, FailureKind.HARNESS):
         rec.fail(stage, failure.reason, "error")
-    elif failure.kind == FailureKind.POLICY:
-        rec.fail(stage, f"policy: {failure.reason}")
+    elif failure.kind == FailureKind.RULES:
+        rec.fail(stage, f"rules: {failure.reason}")
     elif failure.kind == FailureKind.TIMEOUT:
         rec.fail(stage, f"timed out after {cfg.sandbox.timeout_s:.0f} s in {stage}")
     elif failure.kind == FailureKind.CRASH:
@@ -347,8 +347,8 @@ def _fail(rec: EvalRecord, stage: str, failure: Failure, cfg: EvalConfig) -> Non
 
 
 def _fail_from_sandbox(rec: EvalRecord, stage: str, e: SandboxError, candidate: Candidate) -> None:
-    if e.kind == FailureKind.POLICY:
-        rec.fail(stage, f"policy: {e.reason}")
+    if e.kind == FailureKind.RULES:
+        rec.fail(stage, f"rules: {e.reason}")
     elif e.kind == FailureKind.TASK:
         rec.fail("load" if stage == "load" else stage, e.reason, "error")
     elif e.kind == FailureKind.HARNESS:

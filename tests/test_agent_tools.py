@@ -128,7 +128,7 @@ def test_presets_carry_the_papers_turn_limits_and_errors_name_the_key(tmp_path):
 
 
 # -- the workdir -------------------------------------------------------------------------------
-def test_the_workdir_holds_the_task_instructions_and_a_starter_that_passes_the_policy(episode):
+def test_the_workdir_holds_the_task_instructions_and_a_starter_that_passes_the_rules(episode):
     work = episode.workdir.work
     assert (work / "model.py").read_bytes() == TASK.read_bytes()
     instructions = (work / "INSTRUCTIONS.md").read_text()
@@ -145,7 +145,7 @@ def test_the_workdir_holds_the_task_instructions_and_a_starter_that_passes_the_p
         Episode(episode.task, episode.backend, episode.cfg, episode.workdir.root)
 
 
-def test_every_shipped_tasks_starter_passes_the_static_policy():
+def test_every_shipped_tasks_starter_passes_the_static_rules():
     for task in sorted((ROOT / "kernels" / "tasks").rglob("*.py")):
         assert source_defect(starter_model_new(task.read_text(), task.stem), "model_new.py") == "", task
 

@@ -35,7 +35,7 @@ def test_yaml_overrides_nested_keys(tmp_path):
     ("backend: tpu\n", "backend"),
     ("reward: 3\n", "reward"),
     ("correctness:\n  distributions: [wide, cauchy]\n", "correctness.distributions"),
-    ("policy:\n  allowed_torch_ops: relu\n", "policy.allowed_torch_ops"),
+    ("rules:\n  allowed_torch_ops: relu\n", "rules.allowed_torch_ops"),
     ("baseline:\n  compile_modes: [fastest]\n", "baseline.compile_modes"),
     ("reward:\n  kind: continuous\nbaseline:\n  compile_modes: []\n", "baseline.compile_modes"),
 ])
@@ -59,3 +59,66 @@ def test_eager_alone_is_a_baseline_the_discrete_reward_accepts(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("baseline:\n  compile_modes: []\n")
     assert load_config(path).baseline.compile_modes == []
+
+
+OLD_RULES_KEY = "policy:\n  libraries: [cublas]\n"   # the evaluator's rules under their old name
+RENAMED = "renamed to rules (the candidate's op and library rules)"
+
+
+def test_the_candidates_rules_are_set_under_rules(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rules:\n  allowed_torch_ops: [relu]\n  require_custom_kernel: false\n  libraries: [cublas]\n")
+    rules = load_config(path).rules
+    assert (rules.allowed_torch_ops, rules.require_custom_kernel, rules.libraries) == (["relu"], False, ["cublas"])
+
+
+def test_the_old_name_of_the_rules_is_one_line_naming_the_new_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(OLD_RULES_KEY)
+    with pytest.raises(UserError) as e:
+        load_config(path)
+    assert str(e.value) == f"config policy: {RENAMED}"
+
+
+def _training_data(**sections) -> dict:
+    import yaml
+
+    from tests.conftest import ROOT
+
+    data = yaml.safe_load((ROOT / "configs" / "train" / "default.yaml").read_text())
+    data.update(sections)
+    return data
+
+
+def test_a_training_configs_eval_section_refuses_the_old_name_while_its_policy_stays_the_llm():
+    """In a training config the top-level `policy` is the LLM; only `eval.policy` is the old name."""
+    from hpc.policy.config import PolicyModelConfig
+    from hpc.rl.train_config import train_config
+
+    with pytest.raises(UserError) as e:
+        train_config(_training_data(eval={"policy": {"libraries": ["cublas"]}}))
+    assert str(e.value) == f"config eval.policy: {RENAMED}"
+    cfg = train_config(_training_data(eval={"rules": {"libraries": ["cublas"]}}))
+    assert isinstance(cfg.policy, PolicyModelConfig) and cfg.eval.rules.libraries == ["cublas"]
+
+
+def test_a_synthesis_configs_eval_section_refuses_the_old_name(tmp_path):
+    from hpc.synthesis.config import load_synthesis_config
+
+    path = tmp_path / "s.yaml"
+    path.write_text("eval:\n  policy:\n    libraries: [cublas]\n")
+    with pytest.raises(UserError) as e:
+        load_synthesis_config(path)
+    assert str(e.value) == f"config eval.policy: {RENAMED}"
+    path.write_text("count: 1\neval:\n  rules:\n    libraries: [cublas]\n")
+    assert load_synthesis_config(path).eval.rules.libraries == ["cublas"]
+
+
+def test_a_checkpoint_saved_under_the_old_name_reads_its_rules():
+    """Trainer state files store the whole config (train_config_dict): those written before the
+    rename keep loading (jobs/evaluate.py --policy reads them), their `eval.policy` as `eval.rules`."""
+    from hpc.rl.train_config import saved_train_config, train_config, train_config_dict
+
+    stored = train_config_dict(train_config(_training_data(eval={"rules": {"libraries": ["cublas"]}})))
+    stored["eval"]["policy"] = stored["eval"].pop("rules")
+    assert saved_train_config(stored).eval.rules.libraries == ["cublas"]

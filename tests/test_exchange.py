@@ -47,9 +47,9 @@ def test_a_malformed_claim_is_refused(header, corrupt, words):
 
 
 def test_a_failure_keeps_its_kind_and_a_bounded_message(header):
-    write_failure(header, "policy", "x" * 10_000)
+    write_failure(header, "rules", "x" * 10_000)
     kind, message = read_failure(header)
-    assert kind == "policy" and 0 < len(message) <= 1000 and set(message) == {"x"}
+    assert kind == "rules" and 0 < len(message) <= 1000 and set(message) == {"x"}
 
 
 @pytest.mark.parametrize("claimed", ["timeout", "correctness", "no such kind", ""])

@@ -134,8 +134,8 @@ PAST_THE_DISPATCHER = "kernels called past the dispatcher"
     ("at::Tensor f(at::Tensor x) { return at::compositeexplicitautograd::relu(x); }", PAST_THE_DISPATCHER),
     ("namespace k = at::cuda;", "at::cuda may only be used as at::cuda::name"),
     ("using namespace at;\nat::Tensor f(at::Tensor x) { return native::relu(x); }", PAST_THE_DISPATCHER),
-    # vendor libraries the policy does not allow
-    ("#include <cublas_v2.h>\n", "library cublas is not allowed by the policy"),
+    # vendor libraries outside rules.libraries
+    ("#include <cublas_v2.h>\n", "library cublas is not allowed by rules.libraries"),
     ("void f() { auto h = at::cuda::getCurrentCUDABlasHandle(); }", "library cublas is not allowed"),
 ])
 def test_inline_cpp_bypass_is_refused(cpp, words):
@@ -149,13 +149,13 @@ def test_inline_cpp_bypass_is_refused(cpp, words):
     ({"extra_cflags": ["-include", "/tmp/x.h"]}, "flag '-include' is not allowed"),
     ({"extra_cuda_cflags": ["-Xcompiler", "-include,/tmp/x.h"]}, "is not allowed"),
     ({"extra_ldflags": ["-Wl,--defsym,f=_ZN2at14clearCallbacksEv"]}, "is not allowed"),
-    ({"extra_ldflags": ["-lcublas"]}, "library cublas is not allowed by the policy"),
+    ({"extra_ldflags": ["-lcublas"]}, "library cublas is not allowed by rules.libraries"),
 ])
 def test_inline_flag_bypass_is_refused(flags, words):
     assert words in _defect(_inline("int f();", **flags))
 
 
-def test_a_library_the_policy_allows_may_be_used_inline():
+def test_a_library_the_rules_allow_may_be_used_inline():
     cpp = "#include <cublas_v2.h>\nvoid f(cublasHandle_t h) { auto g = at::cuda::getCurrentCUDABlasHandle(); }"
     assert _defect(_inline(cpp, extra_ldflags=["-lcublas"]), ("cublas",)) == ""
 

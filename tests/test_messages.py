@@ -23,7 +23,7 @@ def test_an_unknown_kind_is_refused_where_a_failure_is_made():
     with pytest.raises(ValueError):
         Failure("bogus", "boom")
     assert SandboxError("boom", "crash").kind is FailureKind.CRASH
-    assert Failure("policy", "boom").kind is FailureKind.POLICY
+    assert Failure("rules", "boom").kind is FailureKind.RULES
 
 
 def test_a_worker_error_carries_only_a_kind_a_worker_may_report():
@@ -64,7 +64,7 @@ EVERY_REQUEST = {
                   Repeatable(3, None)],
     "program": [Ready(), Exit(), ProgramSetup("t.py", "cpu", 1, "cpu", {}, [], False, 1, {}, "ab"),
                 Load("candidate", model_file="m.py", environment={"A": "1"}, op_monitor="m.so",
-                     policy={"allowed_torch_ops": []}), Load("compile", mode="max-autotune"), Serve(), Serve("eager")],
+                     rules={"allowed_torch_ops": []}), Load("compile", mode="max-autotune"), Serve(), Serve("eager")],
 }
 
 
@@ -128,7 +128,7 @@ def test_a_process_that_ran_candidate_code_cannot_claim_a_fault_not_its_own(kind
 
 
 @pytest.mark.parametrize("kind, read", [(FailureKind.RUNTIME, FailureKind.RUNTIME),
-                                        (FailureKind.POLICY, FailureKind.POLICY),
+                                        (FailureKind.RULES, FailureKind.RULES),
                                         (FailureKind.HARNESS, FailureKind.OUTPUT),
                                         (FailureKind.TASK, FailureKind.OUTPUT)])
 def test_a_failure_in_a_programs_header_is_the_programs_own(kind, read):

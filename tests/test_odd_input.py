@@ -242,6 +242,19 @@ def test_odd_out_or_config_is_one_error_line_and_exit_2(tmp_path, option, make, 
     assert words in one_line(stderr, f"error: {option} " if option == "--out" else "error: config ")
 
 
+
+@pytest.mark.parametrize("command", ["eval", "eval-suite"])
+def test_a_config_with_the_old_name_of_the_rules_is_one_line_naming_the_new_key(tmp_path, command):
+    """The evaluator's op and library rules were `policy:`, now `rules:` (`policy` is the LLM)."""
+    (tmp_path / "c.yaml").write_text("policy:\n  libraries: [cublas]\n")
+    task, candidate = (RELU_TASK, HONEST) if command == "eval" else (RELU_TASK.parent.parent, HONEST.parent)
+    rc, stdout, stderr = cli(command, task, candidate, "--config", tmp_path / "c.yaml", "--out", tmp_path / "r.h5",
+                             timeout=120)
+    assert rc == 2 and not stdout
+    assert one_line(stderr, "error: config ") == ("error: config policy: renamed to rules "
+                                                  "(the candidate's op and library rules)")
+    assert not (tmp_path / "r.h5").exists()
+
 @pytest.mark.parametrize("args, words", [
     (["eval", "", "c.py"], "argument task: expected a path, got an empty string"),
     (["eval", RELU_TASK, "c.py", "--out", ""], "argument --out: expected a path"),

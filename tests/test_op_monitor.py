@@ -1,4 +1,4 @@
-"""The op monitor (hpc/runner/op_monitor.py): the C++ callback that enforces the op policy on every
+"""The op monitor (hpc/runner/op_monitor.py): the C++ callback that enforces the op rules on every
 forward call. Built with the real compiler against the installed torch (hpc/compile/op_monitor.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def library(tmp_path_factory):
 
 @pytest.fixture
 def monitor(library):
-    """The process's one monitor, with the default policy (a test may have replaced it)."""
+    """The process's one monitor, with the default allowlist (a test may have replaced it)."""
     return OpMonitor(library, ALLOWED_OPS)
 
 
@@ -75,13 +75,13 @@ def test_nothing_is_recorded_while_disarmed(monitor):
     assert monitor.seen() == seen and monitor.disarm() > 0 and monitor.first() == "aten::sum"   # the last armed call's
 
 
-def test_extra_allowed_ops_extend_the_policy(library):
+def test_extra_allowed_ops_extend_the_allowlist(library):
     monitor = OpMonitor(library, ALLOWED_OPS | {"relu"})
     assert _first_violation(monitor, lambda: torch.relu(X)) == ""
     assert _first_violation(monitor, lambda: X + 1) == "aten::add"
 
 
-def test_the_policy_cannot_change_while_armed(library, monitor):
+def test_the_allowlist_cannot_change_while_armed(library, monitor):
     monitor.arm()
     try:
         with pytest.raises(RuntimeError, match="while it is armed"):

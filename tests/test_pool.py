@@ -134,6 +134,20 @@ def test_a_request_of_unknown_kind_is_refused_at_submit():
         Coordinator(comm=None, workers=[]).submit(WorkItem(id="x", task="t.py", candidate="c", kind="profile"))
 
 
+def test_a_config_with_the_old_name_of_the_rules_is_one_error_line_from_every_rank(tmp_path):
+    """Every rank reads the config; rank 0's line stands for all, and names the new key."""
+    (tmp_path / "c.yaml").write_text("policy:\n  libraries: [cublas]\n")
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    proc = subprocess.run(["mpirun", "-n", "2", "--bind-to", "none", sys.executable, "-m", "mpi4py", "-m", "hpc.pool",
+                           str(RELU_TASK.parent.parent), str(TESTS / "fixtures"), "--out", str(tmp_path / "r.h5"),
+                           "--config", str(tmp_path / "c.yaml")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]   # mpirun may add its own
+    assert errors == ["error: config policy: renamed to rules (the candidate's op and library rules)"], proc.stderr
+    assert not (tmp_path / "r.h5").exists()
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores")
 @pytest.mark.parametrize("bind, warned", [("core", True), ("none", False)])
 def test_a_worker_rank_bound_to_one_core_says_so(tmp_path, bind, warned):

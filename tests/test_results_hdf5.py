@@ -145,7 +145,7 @@ def test_merging_shards_keeps_each_pair_once_preferring_a_real_result_over_a_poo
 
 def test_a_version_1_file_reads_with_newer_columns_as_defaults_and_takes_no_appends(tmp_path):
     """Files from before a column was added stay readable; appending would mix schemas, so it is refused."""
-    from hpc.results.hdf5 import ADDED_IN, GROUP
+    from hpc.results.hdf5 import ADDED_IN, GROUP, RENAMED_IN
 
     path = tmp_path / "v1.h5"
     with ResultWriter(path) as w:
@@ -154,12 +154,34 @@ def test_a_version_1_file_reads_with_newer_columns_as_defaults_and_takes_no_appe
         f.attrs["schema_version"] = 1
         for name in ADDED_IN:
             del f[GROUP][name]
+        for name, (before, _) in RENAMED_IN.items():
+            f[GROUP].move(name, before)
     (rec,) = read_records(path)
     assert rec.task_id == "level1/x" and rec.candidate_ms == 2.0 and math.isnan(rec.overhead_ms)
     assert rec.stage_seconds == ""
     with pytest.raises(UserError, match="schema version 1; new results go to a new file"):
         ResultWriter(path)
 
+
+
+def test_a_file_from_before_the_rules_were_named_so_reads_its_policy_column_as_rules(tmp_path):
+    """Version 5 renamed the column of the evaluator's rules `policy` -> `rules`: a version 4 file
+    keeps its column, read under the new name, and a new file has only the new one."""
+    from hpc.results.hdf5 import GROUP
+
+    path = tmp_path / "v4.h5"
+    with ResultWriter(path) as w:
+        w.append(EvalRecord(task_id="level1/x", rules='{"libraries": ["cublas"]}'))
+    with h5py.File(path, "a") as f:
+        assert "rules" in f[GROUP] and "policy" not in f[GROUP]
+        f.attrs["schema_version"] = 4
+        f[GROUP].move("rules", "policy")
+    (rec,) = read_records(path)
+    assert rec.task_id == "level1/x" and rec.rules == '{"libraries": ["cublas"]}'
+    with h5py.File(path, "a") as f:
+        del f[GROUP]["policy"]
+    with pytest.raises(UserError, match="missing columns policy"):
+        read_records(path)
 
 def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
     path = tmp_path / "r.h5"

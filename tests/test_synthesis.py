@@ -542,8 +542,8 @@ def test_a_seeded_run_emits_tasks_that_load_and_evaluate(tmp_path, cache_dir):
         candidate.parent.mkdir(exist_ok=True)
         candidate.write_text(path.read_text().replace("class Model(nn.Module)", "class ModelNew(nn.Module)"))
         cfg = make_fast_config(cache_dir)
-        cfg.policy.require_custom_kernel = False
-        cfg.policy.allowed_torch_ops = _aten_ops(path)
+        cfg.rules.require_custom_kernel = False
+        cfg.rules.allowed_torch_ops = _aten_ops(path)
         cfg.correctness.trials, cfg.timing.iterations, cfg.timing.calibration_calls = 2, 5, 10
         rec = evaluate(task, load_candidate(candidate), cfg)
         assert rec.status == "ok" and rec.correct and not rec.failed_stage, (path.name, rec.reason)

@@ -93,6 +93,19 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
                                                "measure, got 'tune'"]
 
 
+def test_the_old_name_of_the_eval_sections_rules_is_one_line_and_exit_2(tmp_path):
+    """The training config's `policy:` is the LLM; `eval.policy` is the evaluator's rules' old name."""
+    data = yaml.safe_load(DEFAULT.read_text())
+    data["eval"] = {**data.get("eval", {}), "policy": {"libraries": ["cublas"]}}
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(data))
+    out = _run([sys.executable, "jobs/train.py", "--config", str(old), "--out", str(tmp_path / "run")], timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["error: config eval.policy: renamed to rules (the candidate's op and "
+                                               "library rules)"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_pipeline_in_one_process_is_an_error_naming_the_key_and_exit_2(tmp_path):
     config = small_config(tmp_path, policy={"preset": "tiny", "max_seq_len": 512, "parallel": {"pipeline": 2}})
     out = _run([sys.executable, "jobs/train.py", "--config", str(config), "--out", str(tmp_path / "run")], timeout=300)

@@ -94,7 +94,7 @@ def test_static_policy_allows_ordinary_candidates():
     assert source_defect(src, "model_new.py") == ""
 
 
-def test_library_policy_on_kernel_sources():
+def test_library_rules_on_kernel_sources():
     from hpc.verify.static import kernel_defect, link_flags
 
     gemm = {"kernels/g.cu": b"#include <cublas_v2.h>\nextern \"C\" void g() {}\n"}
@@ -106,13 +106,13 @@ def test_library_policy_on_kernel_sources():
     assert kernel_defect({"model_new.py": b"#include <cublas_v2.h>"}, []) == ""
 
 
-def test_unknown_library_in_the_policy_is_a_config_error(tmp_path):
+def test_unknown_library_in_the_rules_is_a_config_error(tmp_path):
     from hpc.config import load_config
     from hpc.errors import UserError
 
     path = tmp_path / "c.yaml"
-    path.write_text("policy:\n  libraries: [cublas, magic]\n")
-    with pytest.raises(UserError, match=r"policy\.libraries"):
+    path.write_text("rules:\n  libraries: [cublas, magic]\n")
+    with pytest.raises(UserError, match=r"rules\.libraries"):
         load_config(path)
 
 

@@ -1,7 +1,7 @@
 """The agent's instructions (INSTRUCTIONS.md and the system prompt) and the task prompt.
 
 Our own SKILL-style text: the files, how model_new.py calls kernels, the rules the evaluator
-enforces (no PyTorch computation in forward, no torch headers, the library policy), the tools and
+enforces (no PyTorch computation in forward, no torch headers, the library rules), the tools and
 their call format, the workflow and the reward table. It is rendered from the configs in force,
 so what it says about the backend, the reward and the limits is what the episode applies.
 """
@@ -179,8 +179,8 @@ def call_example(name: str, arguments: dict) -> str:
 def render_instructions(eval_cfg: EvalConfig, cfg: AgentConfig) -> str:
     """INSTRUCTIONS.md (also the system prompt) for the configs in force."""
     cuda = eval_cfg.backend == "cuda"
-    libs = eval_cfg.policy.libraries
-    ops = eval_cfg.policy.allowed_torch_ops
+    libs = eval_cfg.rules.libraries
+    ops = eval_cfg.rules.allowed_torch_ops
     text = _HEADER.substitute(
         language="CUDA" if cuda else "C++", backend=eval_cfg.backend, scale=eval_cfg.scale,
         sources="`kernels/*.cu`: CUDA C++" if cuda else "`kernels/*.cpp`: C++17, OpenMP allowed",

@@ -41,7 +41,7 @@ TOOLS: dict[str, ToolSpec] = {t.name: t for t in (
     ToolSpec("bash", "Run a shell command in the workdir (no network; writes only inside the workdir; "
                      "time-limited; see below).",
              (Param("command", "string", True, "passed to bash -c"),)),
-    ToolSpec("compile", "Build kernels/ into the library model_new.py loads, after the policy checks."),
+    ToolSpec("compile", "Build kernels/ into the library model_new.py loads, after the static checks."),
     ToolSpec("verify", "compile, then check ModelNew against Model on fresh random inputs."),
     ToolSpec("profile", "verify, then time ModelNew against eager PyTorch and torch.compile; "
                         "returns the speedups and the reward."),

@@ -66,8 +66,8 @@ def arch_flags(cuda_arch: str) -> tuple[str, ...]:
 def default_toolchain(backend: str, cuda_arch: str = "sm_90a", extra_link: tuple[str, ...] = ()) -> Toolchain:
     """The toolchain the evaluator uses unless the config overrides it.
 
-    Libraries link with no undefined symbols: a kernel cannot reach a library the policy did not
-    link (cuBLAS, BLAS, torch's own) by declaring its functions itself and resolving them at load.
+    Libraries link with no undefined symbols: a kernel cannot reach a library outside rules.libraries
+    (cuBLAS, BLAS, torch's own) by declaring its functions itself and resolving them at load.
     """
     if backend == "cpu":
         return Toolchain(
@@ -209,7 +209,7 @@ def symbol_defect(library: Path, timeout: float = 60.0, confinement: _Confinemen
 
     Linking with --no-undefined leaves two ways to resolve a symbol from the host process at load
     time: the interpreter's own exports and weak references. Either would let kernels run Python
-    (patch timers, call torch) or a library the policy did not link, so both are refused here.
+    (patch timers, call torch) or a library outside rules.libraries, so both are refused here.
     nm runs confined too (it parses a file the candidate made).
     """
     if confinement is None:

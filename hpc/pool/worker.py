@@ -206,7 +206,7 @@ def precompile(candidate_path: str, cfg: EvalConfig) -> Future | None:
     path = Path(candidate_path)
     if not path.is_dir():
         return None
-    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.policy.libraries))
+    toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.rules.libraries))
     pool = ThreadPoolExecutor(max_workers=1)
     future = pool.submit(compile_workdir, path, toolchain, cfg.cache_path(), cfg.compile.timeout_s)
     pool.shutdown(wait=False)

@@ -99,7 +99,7 @@ def modified_input(layout: InputLayout, differs: Callable[[TensorSpec], bool]) -
     """The first tensor input whose bytes in the slot `differs` from what the driver put there."""
     for k, entry in enumerate(layout.entries):
         if isinstance(entry, TensorSpec) and entry.nbytes and differs(entry):
-            return Failure(FailureKind.POLICY, f"forward modified its input {k} in place")
+            return Failure(FailureKind.RULES, f"forward modified its input {k} in place")
     return None
 
 

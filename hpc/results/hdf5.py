@@ -46,10 +46,13 @@ from hpc.errors import UserError, os_reason, shown
 from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
 from hpc.results.record import FIELDS, EvalRecord, record_key
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # columns newer than version 1: older files read them as defaults (version 3 also dropped
 # candidate_host_ms and host_check_ms, which the in-process clock measured)
 ADDED_IN = {"stage_seconds": 2, "overhead_ms": 3, "conditions": 4}
+# columns renamed since version 1: name -> (its name before, the version that renamed it); an older
+# file's column is read under the new name
+RENAMED_IN = {"rules": ("policy", 5)}
 GROUP = "records"
 JOURNAL_ID = "journal_id"   # root attribute: the journal this file belongs to
 _STR = h5py.string_dtype("utf-8")
@@ -550,7 +553,8 @@ def _check_schema(f: h5py.File, path: Path) -> None:
     version = f.attrs.get("schema_version")
     if GROUP not in f or not isinstance(version, (int, np.integer)) or not 1 <= version <= SCHEMA_VERSION:
         raise UserError(f"results {path}: not an hpc results file of schema version 1..{SCHEMA_VERSION}")
-    missing = [fd.name for fd in FIELDS if fd.name not in f[GROUP] and ADDED_IN.get(fd.name, 1) <= version]
+    missing = [_stored_name(fd.name, version) for fd in FIELDS
+               if _stored_name(fd.name, version) not in f[GROUP] and ADDED_IN.get(fd.name, 1) <= version]
     if missing:
         raise UserError(f"results {path}: malformed, missing columns {', '.join(missing[:5])}")
 
@@ -561,8 +565,17 @@ def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     return _as_records(path, *read_retrying(path, lambda f: complete_rows(_records_group(f, path))))
 
 
+def _stored_name(field: str, version: int) -> str:
+    """The name of a record field's column in a file of schema `version`."""
+    before, renamed_in = RENAMED_IN.get(field, (field, 1))
+    return before if version < renamed_in else field
+
+
 def _as_records(path: Path, columns: dict[str, np.ndarray], n: int) -> list[EvalRecord]:
-    """The rows as records; UserError naming the row for a value outside its field's vocabulary."""
+    """The rows as records; a column of an older file under a name since changed (RENAMED_IN, never
+    the name of another column) is read as its field; UserError naming the row for a value outside
+    its field's vocabulary."""
+    columns = {**columns, **{field: columns[before] for field, (before, _) in RENAMED_IN.items() if before in columns}}
     records = []
     for i in range(n):
         try:

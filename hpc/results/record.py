@@ -30,7 +30,7 @@ class EvalRecord:
     backend: str = ""             # one of hpc.config.BACKENDS; "" when never known (a request the pool gave up on)
     hardware: str = ""
     versions: str = ""            # JSON
-    policy: str = ""              # JSON: the library/op policy in force
+    rules: str = ""               # JSON: the op and library rules in force (config `rules`)
     config: str = ""              # JSON: the full evaluation config
     isolation: str = ""           # JSON: sandbox features that were in force
     # outcome per stage

@@ -22,7 +22,7 @@ import torch
 
 from hpc.errors import UserError, os_reason
 from hpc.policy.parallel import barrier
-from hpc.rl.train_config import BPE_KINDS, TrainConfig, train_config, train_config_dict
+from hpc.rl.train_config import BPE_KINDS, TrainConfig, saved_train_config, train_config_dict
 
 if TYPE_CHECKING:
     from hpc.policy.config import PolicyModelConfig
@@ -107,7 +107,7 @@ def find_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
     ckpt_state = root.parent / f"{STATE_FILE}.{step}"
     if not ckpt_state.is_file() or not (checkpoint_dir(root, step) / META).is_file():
         raise UserError(f"policy {path}: step {step} is not a complete checkpoint (no {ckpt_state.name} or {META})")
-    config = train_config(json.loads(ckpt_state.read_text())["config"])
+    config = saved_train_config(json.loads(ckpt_state.read_text())["config"])
     return PolicyCheckpoint(root.parent.parent, step, config)
 
 

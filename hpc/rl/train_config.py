@@ -163,5 +163,15 @@ def load_train_config(path: str | os.PathLike) -> TrainConfig:
 
 
 def train_config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """Plain data (stored with the run and its checkpoints); `train_config` reads it back."""
+    """Plain data (stored with the run and its checkpoints); `saved_train_config` reads it back."""
     return dataclasses.asdict(cfg)
+
+
+def saved_train_config(data: dict[str, Any]) -> TrainConfig:
+    """A config `train_config_dict` stored, whichever version of it: a checkpoint saved while the
+    evaluator's rules were `eval.policy` reads them as `eval.rules` (a user's YAML file that still
+    says `policy` there is refused instead, naming the new key)."""
+    section = data.get("eval")
+    if isinstance(section, dict) and "policy" in section and "rules" not in section:
+        data = {**data, "eval": {("rules" if key == "policy" else key): value for key, value in section.items()}}
+    return train_config(data)

@@ -11,7 +11,7 @@ def main() -> None:
     from hpc.sandbox.protocol import ChannelClosed, decode_json, read_message, write_reply
     import torch
 
-    from hpc.runner.guard import PolicyViolation, warm_up
+    from hpc.runner.guard import RuleViolation, warm_up
     from hpc.runner.worker import ROLES, WorkerError, dispatch
 
     if role == "program":
@@ -32,8 +32,8 @@ def main() -> None:
                 return
             try:
                 reply = dispatch(worker, request).to_message()
-            except PolicyViolation as e:
-                reply = {"error": str(e), "kind": FailureKind.POLICY}
+            except RuleViolation as e:
+                reply = {"error": str(e), "kind": FailureKind.RULES}
             except WorkerError as e:
                 reply = {"error": str(e), "kind": e.kind}
             write_reply(rep_fd, reply)

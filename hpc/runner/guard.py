@@ -1,4 +1,4 @@
-"""Runtime policy for a candidate's forward: what it may call, and proof that its own code ran.
+"""The evaluator's rules for a candidate's forward at run time: what it may call, proof its own code ran.
 
 Inside `ModelNew.forward` a candidate may allocate, take views, copy memory and call its own
 kernels. Every other aten op (matmul, add, softmax...) means torch did the work: a violation,
@@ -29,8 +29,8 @@ _local_scalar_dense item is_same_size
 """.split())
 
 
-class PolicyViolation(Exception):
-    """The candidate broke the evaluation policy; the message is the recorded reason."""
+class RuleViolation(Exception):
+    """The candidate broke the evaluator's rules (config `rules`); the message is the recorded reason."""
 
 
 UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
@@ -64,7 +64,7 @@ def _op_name(recorded: str) -> str:
 
 
 class ForwardGuard:
-    """Wraps a candidate model so every forward call is checked against the policy."""
+    """Wraps a candidate model so every forward call is checked against the rules."""
 
     def __init__(self, model: torch.nn.Module, monitor: OpMonitor, require_custom_kernel: bool, launch_counter):
         self.model = model
@@ -73,7 +73,7 @@ class ForwardGuard:
         self.launch_counter = launch_counter
 
     def __call__(self, inputs: list, check_inputs: bool = False, poison: float | None = None):
-        """Run forward under the policy; with `check_inputs`, also verify the inputs were left intact.
+        """Run forward under the rules; with `check_inputs`, also verify the inputs were left intact.
 
         `poison` fills every uninitialized allocation the candidate makes (torch.empty...), so a
         kernel that reads memory it never wrote fails the comparison instead of passing by luck.
@@ -91,23 +91,23 @@ class ForwardGuard:
         finally:
             verdict = self.monitor.disarm()
         if verdict == DISABLED:
-            raise PolicyViolation("the op monitor was disabled during forward (torch's RecordFunction callbacks "
-                                  "were cleared or switched off)")
+            raise RuleViolation("the op monitor was disabled during forward (torch's RecordFunction callbacks "
+                                "were cleared or switched off)")
         if verdict:
-            raise PolicyViolation(f"torch op {_op_name(self.monitor.first())} inside ModelNew.forward "
-                                  "(torch must not do the work)")
+            raise RuleViolation(f"torch op {_op_name(self.monitor.first())} inside ModelNew.forward "
+                                "(torch must not do the work)")
         if threading.active_count() > threads:
-            raise PolicyViolation("forward started a thread that outlives the call")
+            raise RuleViolation("forward started a thread that outlives the call")
         if self.require_custom_kernel and self.launch_counter() == launches:
-            raise PolicyViolation("forward called none of the candidate's own kernels")
+            raise RuleViolation("forward called none of the candidate's own kernels")
         for i, t in enumerate(as_tuple(out)):
             if type(t) is not torch.Tensor:
-                raise PolicyViolation(f"output {i} is a {type(t).__module__}.{type(t).__name__}, "
-                                      "not a plain torch.Tensor")
+                raise RuleViolation(f"output {i} is a {type(t).__module__}.{type(t).__name__}, "
+                                    "not a plain torch.Tensor")
         if before is not None:
             after = [x for x in inputs if isinstance(x, torch.Tensor)]
             for i, (a, b) in enumerate(zip(before, after)):
                 if not torch.equal(a, b) and not (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                                   and torch.equal(a.nan_to_num(), b.nan_to_num())):
-                    raise PolicyViolation(f"forward modified its input {i} in place")
+                    raise RuleViolation(f"forward modified its input {i} in place")
         return out

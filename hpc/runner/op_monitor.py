@@ -1,10 +1,10 @@
 """The op monitor: which torch operators a candidate's forward dispatched, checked in C++.
 
-The policy guard must hold on every timed call, where a Python dispatch mode (the old proof) cost
+The op rules must hold on every timed call, where a Python dispatch mode (the old proof) cost
 ~60-90 us of host time a call: on a small task that was the whole measured time. The monitor is a
 torch RecordFunction callback (monitor_lib/kernels/op_monitor.cpp) on every thread, armed only
-around the forward, at ~1 us a call. It sees each operator before any decomposition, so the
-policy it enforces is the allowlist plus every overload that only decomposes into other operators
+around the forward, at ~1 us a call. It sees each operator before any decomposition, so what
+it allows is the allowlist plus every overload that only decomposes into other operators
 (CompositeImplicitAutograd with no kernel of its own): each of those ops is seen and checked too.
 
 A forward could switch the callback off (clear torch's callbacks, disable RecordFunction on its
@@ -44,13 +44,13 @@ class OpMonitor:
 
     def __init__(self, library: str | Path, allowed: frozenset[str]):
         lib = ctypes.CDLL(str(library))
-        lib.hpc_op_monitor_policy.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.hpc_op_monitor_allow.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         lib.hpc_op_monitor_disarm.restype = ctypes.c_long
         lib.hpc_op_monitor_seen.restype = ctypes.c_long
         lib.hpc_op_monitor_first.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         ops = "\n".join(f"aten::{name}" for name in sorted(allowed)).encode()
-        if lib.hpc_op_monitor_policy(ops, "\n".join(sorted(decomposing_overloads())).encode()):
-            raise RuntimeError("op monitor: the policy cannot change while it is armed")
+        if lib.hpc_op_monitor_allow(ops, "\n".join(sorted(decomposing_overloads())).encode()):
+            raise RuntimeError("op monitor: the allowlist cannot change while it is armed")
         self._lib = lib
         self.arm = lib.hpc_op_monitor_arm
         self.disarm = lib.hpc_op_monitor_disarm

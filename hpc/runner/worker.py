@@ -7,7 +7,7 @@ reference: trusted; runs the task's code, never a candidate's. It makes every in
            device memory involved) and times them on its own clock (hpc.profile.timing).
 program:   runs calls on the inputs in its slot when told to: first an empty program (the
            handshake's cost, measured before anything else is loaded), then the candidate's
-           ModelNew under the op policy, eager Model, or torch.compile(Model).
+           ModelNew under the op rules, eager Model, or torch.compile(Model).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from hpc.config import CorrectnessConfig
 from hpc.profile.cores import compiling
 from hpc.profile.timing import POISON, Call, Failure, modified_input, run_calls, stop_program
-from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, PolicyViolation
+from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, RuleViolation
 from hpc.runner.inputs import as_tuple, init_model, make_inputs
 from hpc.runner.op_monitor import OpMonitor
 from hpc.sandbox import cuda_ipc
@@ -447,14 +447,14 @@ class ProgramWorker(_Worker):
 
     @staticmethod
     def _monitor(req: Load) -> OpMonitor:
-        """The op monitor with the config's policy, loaded before any candidate code runs."""
+        """The op monitor with the config's rules, loaded before any candidate code runs."""
         try:
-            return OpMonitor(req.op_monitor, ALLOWED_OPS | frozenset(req.policy["allowed_torch_ops"]))
+            return OpMonitor(req.op_monitor, ALLOWED_OPS | frozenset(req.rules["allowed_torch_ops"]))
         except (OSError, RuntimeError) as e:
             raise WorkerError(f"op monitor unusable: {e}", FailureKind.HARNESS) from None
 
     def load(self, req: Load) -> LoadReply:
-        """Add a program to time: the candidate's ModelNew under the policy (which retires the empty
+        """Add a program to time: the candidate's ModelNew under the rules (which retires the empty
         program: nothing timed in this process after candidate code is loaded is trusted), or eager
         or compiled Model (a trusted process holds the empty program, eager and each compile mode)."""
         t0 = time.monotonic()
@@ -500,7 +500,7 @@ class ProgramWorker(_Worker):
         model.load_state_dict(matched, strict=False)
         self.load_info = {"weights_loaded": len(matched), "weights_total": len(reference.state_dict())}
         del reference
-        guard = ForwardGuard(model, monitor, req.policy["require_custom_kernel"], runtime.launch_count)
+        guard = ForwardGuard(model, monitor, req.rules["require_custom_kernel"], runtime.launch_count)
         return lambda inputs, poison: guard(inputs, check_inputs=False, poison=poison)
 
     def serve(self, req: Serve) -> ServeReply:
@@ -524,8 +524,8 @@ class ProgramWorker(_Worker):
                     raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})",
                                       FailureKind.HARNESS)
                 self._one_frame(POISON[poison] if 0 <= poison < len(POISON) else None, count)
-            except PolicyViolation as e:
-                write_failure(self.header, FailureKind.POLICY, str(e))
+            except RuleViolation as e:
+                write_failure(self.header, FailureKind.RULES, str(e))
                 status = DONE_FAILED
             except WorkerError as e:
                 write_failure(self.header, e.kind, str(e))
@@ -549,8 +549,8 @@ class ProgramWorker(_Worker):
         for inputs in self.positions[:count]:
             for k, t in enumerate(as_tuple(self.call(inputs, poison))):
                 if type(t) is not torch.Tensor:
-                    raise PolicyViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
-                                          "not a plain torch.Tensor")
+                    raise RuleViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
+                                        "not a plain torch.Tensor")
                 if t.device.type != self.device.type:
                     raise WorkerError(f"output {k} is on {t.device.type}, expected {self.device.type}",
                                       FailureKind.RUNTIME)
@@ -601,7 +601,7 @@ def dispatch(worker: _Worker, request: Request) -> Reply:
     refused any other): the handler named by the request's op."""
     try:
         return getattr(worker, request.op)(request)
-    except (WorkerError, PolicyViolation):
+    except (WorkerError, RuleViolation):
         raise
     except torch.cuda.OutOfMemoryError as e:
         raise WorkerError(f"CUDA out of memory: {str(e).splitlines()[0]}", FailureKind.RUNTIME) from None

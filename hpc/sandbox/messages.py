@@ -26,7 +26,7 @@ class FailureKind(StrEnum):
     TASK = "task"                # the task's own code failed (loading it, its Model, its get_inputs)
     LOAD = "load"                # the candidate failed to load
     RUNTIME = "runtime"          # a call raised (out of memory included)
-    POLICY = "policy"            # the candidate broke the op, output or input policy
+    RULES = "rules"              # the candidate broke the op, output or input rules
     OUTPUT = "output"            # the program's done frame or failure report is malformed
     CORRECTNESS = "correctness"  # an output is wrong, or could not be read
 
@@ -34,7 +34,7 @@ class FailureKind(StrEnum):
 # The kinds a worker may report (an error reply's "kind", a failure the program writes in the
 # shared header); the rest are the harness's own findings, which a worker cannot claim.
 WORKER_KINDS = frozenset({FailureKind.HARNESS, FailureKind.TASK, FailureKind.LOAD, FailureKind.RUNTIME,
-                          FailureKind.POLICY})
+                          FailureKind.RULES})
 
 
 # The kinds a process that runs candidate code may report: its own failures, never the task's or
@@ -42,7 +42,7 @@ WORKER_KINDS = frozenset({FailureKind.HARNESS, FailureKind.TASK, FailureKind.LOA
 # candidate that could claim them would dodge every failing verdict. So once a candidate's code
 # has run in a process (from its load request on), and in every failure written into a program's
 # shared header, any other kind is a malformed report, charged to the program.
-CANDIDATE_KINDS = frozenset({FailureKind.LOAD, FailureKind.RUNTIME, FailureKind.POLICY})
+CANDIDATE_KINDS = frozenset({FailureKind.LOAD, FailureKind.RUNTIME, FailureKind.RULES})
 
 
 def reported_kind(value: object, allowed: frozenset[FailureKind] = WORKER_KINDS) -> FailureKind:
@@ -250,7 +250,7 @@ class LoadReply(Reply):
 
 @dataclass(frozen=True)
 class Load(Request):
-    """Add a program to time: "candidate" (`model_file` under the op monitor and `policy`),
+    """Add a program to time: "candidate" (`model_file` under the op monitor and `rules`),
     "eager", or "compile" (`mode`)."""
     op: ClassVar[str] = "load"
     reply: ClassVar[type[Reply]] = LoadReply
@@ -259,7 +259,7 @@ class Load(Request):
     model_file: str = ""
     environment: dict = field(default_factory=dict)
     op_monitor: str = ""
-    policy: dict | None = None   # {"allowed_torch_ops", "require_custom_kernel"}
+    rules: dict | None = None    # {"allowed_torch_ops", "require_custom_kernel"}
 
 
 @dataclass(frozen=True)

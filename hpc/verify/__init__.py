@@ -1,1 +1,1 @@
-"""Verification: static policy checks of candidate source, and comparison of outputs."""
+"""Verification: static checks of candidate source against the evaluator's rules, and comparison of outputs."""

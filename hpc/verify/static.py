@@ -1,6 +1,6 @@
 """Static checks of a candidate's sources, before anything of it runs.
 
-Python: stops the cheap escapes from the runtime policy. Imports and every attribute chain that
+Python: stops the cheap escapes from the run-time rules. Imports and every attribute chain that
 starts at an imported name resolve against an allow-list of modules, so a module that an allowed
 module re-exports (torch.os, hpc.runtime.ctypes, cpp_extension.subprocess, F.np) is refused however
 it is reached; a module is never a value (no aliases to look through); dynamic code (exec, eval,
@@ -11,7 +11,7 @@ check sees what is compiled. The C++ may not touch what the op monitor relies on
 its callbacks, dispatch keys and TLS), reach Python, load libraries, bind symbols by name or call
 kernels past the dispatcher, and refuses the preprocessor routes around a name check.
 Workdir kernel sources: no torch headers (the workdir format's contract), and vendor libraries only
-where the library policy allows them (CUDA Agent allows e.g. cuBLAS for GEMM); an allowed library
+where the config's `rules.libraries` allows them (CUDA Agent allows e.g. cuBLAS for GEMM); an allowed library
 is also what gets linked.
 """
 
@@ -66,7 +66,7 @@ def _dunder(name: str) -> bool:
 
 
 def source_defect(source: str, filename: str, allowed_libraries: Sequence[str] = ()) -> str:
-    """The first policy problem in the candidate's Python source (and the C++ it gives load_inline),
+    """The first rule broken by the candidate's Python source (and the C++ it gives load_inline),
     or "" when there is none. `allowed_libraries`: the vendor libraries inline C++ may use."""
     try:
         tree = ast.parse(source, filename=filename)
@@ -320,7 +320,7 @@ def _bounded(value: str | list) -> str | list:
 
 # ------------------------------------------------------------------------------------------ C++
 
-# Anywhere in the text (code, strings, comments): what the op monitor and the policy rely on.
+# Anywhere in the text (code, strings, comments): what the op monitor and the library rules rely on.
 # Names are matched as substrings, so a mangled symbol in a string is caught too.
 _NATIVE_FORBIDDEN = [
     (re.compile(r"RecordFunction|record_function|RECORD_FUNCTION|(?:clear|remove|disable|reenable|add)\w*Callback"),
@@ -331,7 +331,7 @@ _NATIVE_FORBIDDEN = [
     (re.compile(r"(?<![A-Za-z])_*Py[A-Za-z]*_[A-Za-z]|get_internals|ob_type|tp_dict|__builtins__"),
      "reaching the Python interpreter is not allowed"),
     (re.compile(r"dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr|_dl_|DynamicLibrary"),
-     "dynamic loading is not allowed (libraries come from the policy)"),
+     "dynamic loading is not allowed (libraries come from rules.libraries)"),
 ]
 # Identifiers in code: pybind11's ways into Python, and symbol binding by name.
 _NATIVE_IDENTIFIERS = {
@@ -481,9 +481,9 @@ def _library_defect(tokens: list[tuple[str, str]], allowed_libraries: Sequence[s
             if lib in allowed_libraries:
                 continue
             if kind == "header" and tok[1:].startswith(LIBRARIES[lib][0]):
-                return f"includes {tok}: library {lib} is not allowed by the policy"
+                return f"includes {tok}: library {lib} is not allowed by rules.libraries"
             if kind == "ident" and pattern.search(tok):
-                return f"{tok!r}: library {lib} is not allowed by the policy"
+                return f"{tok!r}: library {lib} is not allowed by rules.libraries"
     return ""
 
 
@@ -495,7 +495,7 @@ _MACRO_FLAGS = ("-D", "--define-macro")
 
 def flags_defect(flags: Sequence[str], allowed_libraries: Sequence[str] = ()) -> str:
     """The first problem in compiler or linker flags given to load_inline, or "": no flag that
-    includes, wraps or defines symbols, runs other programs, or links a library the policy does not
+    includes, wraps or defines symbols, runs other programs, or links a library rules.libraries does not
     allow; a flag that defines a macro is checked as source."""
     previous = ""
     for flag in flags:
@@ -504,7 +504,7 @@ def flags_defect(flags: Sequence[str], allowed_libraries: Sequence[str] = ()) ->
                 return f"flag {flag!r} is not allowed"
             for lib, (_, link) in LIBRARIES.items():
                 if piece in link and lib not in allowed_libraries:
-                    return f"flag {flag!r}: library {lib} is not allowed by the policy"
+                    return f"flag {flag!r}: library {lib} is not allowed by rules.libraries"
         macro = previous in _MACRO_FLAGS or any(m in flag for m in _MACRO_FLAGS)
         defect = native_source_defect(flag.replace("=", " "), allowed_libraries) if macro else _forbidden_name(flag)
         if defect:
@@ -515,7 +515,7 @@ def flags_defect(flags: Sequence[str], allowed_libraries: Sequence[str] = ()) ->
 
 # ----------------------------------------------------------------------------- workdir kernels
 
-# library -> (headers that use it, linker flags when the policy allows it)
+# library -> (headers that use it, linker flags when rules.libraries allows it)
 LIBRARIES = {
     "cublas": (("cublas_v2.h", "cublas_api.h", "cublas.h", "cublasLt.h"), ("-lcublas", "-lcublasLt")),
     "cudnn": (("cudnn.h",), ("-lcudnn",)),
@@ -529,14 +529,15 @@ _DYNAMIC_LOADING = re.compile(r"(dlopen|dlmopen|dlsym|dlvsym|dl_iterate_phdr)")
 
 
 def kernel_defect(files: dict[str, bytes], allowed_libraries: list[str]) -> str:
-    """The first problem in a workdir's kernel sources under the library policy, or ""."""
+    """The first problem in a workdir's kernel sources under the library rules, or ""."""
     for name, data in sorted(files.items()):
         if not name.startswith("kernels/"):
             continue
         text = _SPLICE.sub("", data.decode("utf-8", "replace"))
         loader = _DYNAMIC_LOADING.search(text)
         if loader:
-            return f"{name} calls {loader.group(1)}: dynamic loading is not allowed (libraries come from the policy)"
+            return (f"{name} calls {loader.group(1)}: dynamic loading is not allowed "
+                    "(libraries come from rules.libraries)")
         tokens = _tokens(text)
         asm = _asm_label_defect(tokens)
         if asm:
@@ -551,7 +552,7 @@ def kernel_defect(files: dict[str, bytes], allowed_libraries: list[str]) -> str:
                 return f"{name} includes {header}: workdir kernels must not include torch or Python headers"
             for lib, (headers, _) in LIBRARIES.items():
                 if header.startswith(headers) and lib not in allowed_libraries:
-                    return f"{name} includes {header}: library {lib} is not allowed by the policy"
+                    return f"{name} includes {header}: library {lib} is not allowed by rules.libraries"
     return ""
 
 

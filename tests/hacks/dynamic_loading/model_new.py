@@ -1,4 +1,4 @@
-"""Calls a vendor library the policy did not allow by loading it at run time (dlopen),
+"""Calls a vendor library outside rules.libraries by loading it at run time (dlopen),
 so no header or link flag shows it."""
 import torch
 import torch.nn as nn

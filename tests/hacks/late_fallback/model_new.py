@@ -1,5 +1,5 @@
 """Honest while it is checked for correctness, then lets torch compute once the calls are timed:
-only a policy enforced on every timed call (the op monitor) sees it."""
+only rules enforced on every timed call (the op monitor) sees it."""
 import torch
 import torch.nn as nn
 from hpc.runtime import load_kernels

@@ -1,4 +1,4 @@
-"""Calls a vendor library the policy did not allow by declaring its functions itself (no header),
+"""Calls a vendor library outside rules.libraries by declaring its functions itself (no header),
 hoping torch's own copy of the library resolves them when the kernels are loaded."""
 import torch
 import torch.nn as nn

@@ -1,5 +1,5 @@
 // The evaluator's op monitor: a RecordFunction callback on every thread that sees each operator a
-// candidate's forward dispatches and remembers the first one outside the policy. Built by the
+// candidate's forward dispatches and remembers the first one outside the allowlist. Built by the
 // harness against the running torch (never by a candidate) and driven from hpc/runner/op_monitor.py.
 //
 // A callback that is not called sees nothing: a forward that cleared torch's callbacks or switched
@@ -113,8 +113,8 @@ bool canary_is_seen() {
 
 }  // namespace
 
-// Replaces the policy: newline-separated operator names (all overloads) and overload names.
-extern "C" int hpc_op_monitor_policy(const char* ops, const char* overloads) {
+// Replaces the allowlist: newline-separated operator names (all overloads) and overload names.
+extern "C" int hpc_op_monitor_allow(const char* ops, const char* overloads) {
   if (armed.load()) return 1;
   allowed_ops.clear();
   allowed_overloads.clear();
@@ -134,7 +134,7 @@ extern "C" void hpc_op_monitor_arm() {
   armed.store(true, std::memory_order_release);
 }
 
-// Stops watching; returns how many operators outside the policy ran since arm, or kDisabled when
+// Stops watching; returns how many operators outside the allowlist ran since arm, or kDisabled when
 // the monitor was not seeing operators at the end of the call. Disarmed already: the last verdict.
 extern "C" long hpc_op_monitor_disarm() {
   if (!armed.load(std::memory_order_acquire)) return last_verdict.load();
@@ -146,7 +146,7 @@ extern "C" long hpc_op_monitor_disarm() {
 
 extern "C" long hpc_op_monitor_seen() { return seen.load(); }
 
-// The first operator outside the policy since arm, copied into `out` (at most `size` bytes).
+// The first operator outside the allowlist since arm, copied into `out` (at most `size` bytes).
 extern "C" void hpc_op_monitor_first(char* out, size_t size) {
   std::lock_guard<std::mutex> lock(first_mutex);
   std::snprintf(out, size, "%s", first.c_str());
