@@ -22,7 +22,7 @@ from hpc.hardware import conditions, versions
 from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
-from hpc.profile.window import Entrant, handshake_ns, run_window
+from hpc.profile.window import Entrant, EntrantError, Recording, handshake_ns, record_graphs, run_window, timed_by
 from hpc.sandbox.messages import Cost, FailureKind
 from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
@@ -78,7 +78,7 @@ def baseline_entrants(driver, cfg: EvalConfig, programs: list[str], burst: int) 
         out.append(Entrant(program, driver, program, calls[:t.warmup * burst], calls[t.warmup * burst:]))
     empty = calibration_calls(t.calibration_calls, burst)
     cut = CALIBRATION_WARMUP * burst
-    out.append(Entrant(EMPTY, driver, EMPTY, empty[:cut], empty[cut:]))
+    out.append(Entrant(EMPTY, driver, EMPTY, empty[:cut], empty[cut:], checkable=False))
     return out
 
 
@@ -127,9 +127,20 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             fresh.close()
     driver = PairDriver(pair, cfg)
     burst = load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
+    entrants = baseline_entrants(driver, cfg, [program], burst)
+    recording = Recording(False)
+    if cfg.backend == "cuda" and cfg.timing.graphs:
+        try:
+            with lock.shared():
+                recording = record_graphs(entrants, burst)
+        except EntrantError as e:
+            raise SandboxError(f"{e}", FailureKind.ERROR) from None
+        if recording.failure is not None:
+            raise SandboxError(f"{recording.failed} could not be timed: {recording.failure.reason}", FailureKind.ERROR)
     with lock.exclusive(), timing(*window_pids(pair), one_core=cfg.backend == "cuda"):
         measured = conditions(cfg.backend, lock.beside())
-        window = run_window(baseline_entrants(driver, cfg, [program], burst), cfg.timing.rounds, random.SystemRandom())
+        window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+    measured.update(timed_by(recording))
     if window.failure is not None:
         raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", FailureKind.ERROR)
     overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])

@@ -52,6 +52,9 @@ class TimingConfig:
     frame_ms_cpu: float = 2.0             # a timed frame runs calls back to back for about this long (at the
     frame_ms_cuda: float = 2.0            # reference's speed): the handshake is paid once a frame; 0: one call
     burst_max: int = 64                   # the most calls in one frame
+    graphs: bool = True                   # cuda: each program's frame replayed as one CUDA graph (its figure
+                                          # is the device's work, no host path) when every program of the window
+                                          # can be recorded; else all are timed by calls
 
 
 @dataclass

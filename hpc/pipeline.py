@@ -35,7 +35,8 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
-from hpc.profile.window import Entrant, EntrantError, handshake_ns, run_window
+from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, record_graphs, run_window,
+                                timed_by)
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
@@ -267,17 +268,26 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs, seeds.burst)]
         try:
-            with lock.exclusive(), timing(*window_pids(pair, baselines.result()),
-                                                one_core=cfg.backend == "cuda"):
-                measured = conditions(cfg.backend, lock.beside())
-                window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+            recording = Recording(False, "timing.graphs is off" if cfg.backend == "cuda" else "")
+            if cfg.backend == "cuda" and cfg.timing.graphs:
+                with lock.shared():
+                    recording = record_graphs(entrants, seeds.burst)
+                if not recording.graphs:
+                    log.info("%s: timed by calls: %s", rec.task_id, recording.reason)
+            window = Window(failed=recording.failed, failure=recording.failure)
+            if recording.failure is None:
+                with lock.exclusive(), timing(*window_pids(pair, baselines.result()),
+                                                    one_core=cfg.backend == "cuda"):
+                    measured = conditions(cfg.backend, lock.beside())
+                    window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+                measured.update(timed_by(recording))
+                rec.conditions = json.dumps({name: measured for name in ["candidate", *programs]})
         except EntrantError as e:
             if e.name == "candidate":
                 raise e.error from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
         clock.mark("timing")
-        rec.conditions = json.dumps({name: measured for name in ["candidate", *programs]})
         if window.failure is not None:
             failure = window.failure
             if window.failed != "candidate":

@@ -10,17 +10,33 @@ import subprocess
 import pytest
 
 from hpc.profile.timing import Call, Failure, LoopResult, timing_calls
-from hpc.profile.window import Entrant, EntrantError, chunks, handshake_ns, run_window
+from hpc.profile.window import Entrant, EntrantError, chunks, handshake_ns, record_graphs, run_window, timed_by
+from hpc.sandbox.messages import CaptureReply
 from hpc.sandbox.process import SandboxError
 
 
 class Scripted:
-    """Answers each call with its seed as its time; fails at seed `fail_at` (or raises there)."""
+    """Answers each call with its seed as its time; fails at seed `fail_at` (or raises there).
+    Recording: `refuses` the programs it cannot record, and each graph replay's check fails with
+    `replay_fails` (a failure kind; "" passes)."""
 
-    def __init__(self, log: list, fail_at: int = -1, raises: bool = False):
+    def __init__(self, log: list, fail_at: int | None = None, raises: bool = False, refuses: tuple = (),
+                 replay_fails: str = ""):
         self.log, self.fail_at, self.raises = log, fail_at, raises
+        self.refuses, self.replay_fails = refuses, replay_fails
+        self.graph_runs: list = []
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
+    def capture(self, program: str, calls: int) -> CaptureReply:
+        self.log.append((program, f"capture {calls}"))
+        if program in self.refuses:
+            return CaptureReply(False, "StreamCaptureUnjoined")
+        return CaptureReply(True, "")
+
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
+        if graph:
+            self.graph_runs.append((program, len(calls), all(c.checked for c in calls)))
+        if graph and self.replay_fails and all(c.checked for c in calls) and not any(c.seed < 0 for c in calls):
+            return LoopResult([], Failure(self.replay_fails, "outside atol", 0), {"checked": 1})
         times = []
         for k, call in enumerate(calls):
             if call.seed == self.fail_at:
@@ -86,6 +102,54 @@ def test_a_driver_that_raises_is_named():
     assert e.value.name == "compile:default" and e.value.error.kind == "crash"
 
 
+def _graph_entrants(driver) -> list[Entrant]:
+    out = [entrant("candidate", driver, 2, 8, 0), entrant("eager", driver, 2, 8, 100)]
+    empty = Entrant("empty", driver, "empty", [Call(-1)], [Call(-1, timed=True) for _ in range(8)], checkable=False)
+    return out + [empty]
+
+
+def test_frames_are_graph_replays_only_when_every_entrant_is_recorded_and_its_replay_checks_out():
+    """All recorded and each replay of the task's programs checked on a frame of fresh inputs:
+    every entrant's frames are replays, in the window too. The empty program's outputs are not the
+    task's: it is recorded, never checked."""
+    log: list = []
+    driver = Scripted(log)
+    entrants = _graph_entrants(driver)
+    recording = record_graphs(entrants, 4)
+    assert recording.graphs and recording.failure is None and all(e.graph for e in entrants)
+    assert [entry for entry in log if "capture" in str(entry[1])] == [("candidate", "capture 4"), ("eager", "capture 4"),
+                                                                    ("empty", "capture 4")]
+    assert driver.graph_runs == [("candidate", 4, True), ("eager", 4, True)]   # one frame of 4 calls, all checked
+    driver.graph_runs.clear()
+    run_window(entrants, 2, random.Random(0))
+    assert {name for name, _, _ in driver.graph_runs} == {"candidate", "eager", "empty"}
+    assert timed_by(recording) == {"timed_by": "graph replays"}
+
+
+@pytest.mark.parametrize("refuses, replay_fails, why", [
+    (("eager",), "", "eager could not be recorded as a graph: StreamCaptureUnjoined"),
+    ((), "correctness", "candidate's graph replay: outside atol"),
+])
+def test_one_entrant_not_recordable_or_replaying_wrong_times_every_entrant_by_calls(refuses, replay_fails, why):
+    """A program whose capture fails, or whose replay gives other outputs than its calls (work the
+    capture missed), is no one's failure: nobody's frames are replays, so the programs compared
+    are still timed alike, and the record says why."""
+    driver = Scripted([], refuses=refuses, replay_fails=replay_fails)
+    entrants = _graph_entrants(driver)
+    recording = record_graphs(entrants, 4)
+    assert not recording.graphs and recording.failure is None and recording.reason == why
+    assert not any(e.graph for e in entrants)
+    driver.graph_runs.clear()
+    window = run_window(entrants, 2, random.Random(0))
+    assert window.failure is None and driver.graph_runs == []
+    assert timed_by(recording) == {"timed_by": "calls", "graphs_refused": why}
+
+
+def test_a_program_that_dies_while_its_replay_is_checked_fails_as_in_the_window():
+    recording = record_graphs(_graph_entrants(Scripted([], replay_fails="crash")), 4)
+    assert not recording.graphs and recording.failed == "candidate" and recording.failure.kind == "crash"
+
+
 def test_the_handshake_is_the_empty_programs_median_and_a_figure_must_stand_out_of_its_spread():
     assert handshake_ns([100, 100, 100, 100, 100]) == (100, 10)           # at least a tenth of the cost
     median, least = handshake_ns([80, 90, 100, 110, 300])
@@ -103,7 +167,7 @@ class Observing:
     def __init__(self, pid: int, seen: list):
         self.pid, self.seen = pid, seen
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         self.seen.append((program, _state(self.pid)))
         return LoopResult([c.seed for c in calls if c.timed], None, {})
 

@@ -22,8 +22,8 @@ from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, mo
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, map_fd,
                                   read_failure, read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
-from hpc.sandbox.messages import (Attach, Check, FailureKind, Load, LoadReply, Prepare, ProgramSetup, ReferenceSetup,
-                                  Run, Serve, decode)
+from hpc.sandbox.messages import (Attach, Capture, CaptureReply, Check, FailureKind, Load, LoadReply, Prepare,
+                                  ProgramSetup, ReferenceSetup, Run, Serve, decode)
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
 
@@ -99,13 +99,13 @@ class PairDriver:
             self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, burst)
         return {"layout": layout, "outputs": outputs, "burst": burst}
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult:
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         """Run `calls` of `program` (one the program process holds; default: its candidate, or its
-        empty program before one is loaded) through its serve loop (`batch_limit`: see run_calls);
-        a crashed or hung program is killed and shows as the loop's failure (its exit described by
-        the program's SandboxError)."""
+        empty program before one is loaded) through its serve loop (`batch_limit`: see run_calls;
+        `graph`: its timed frames replay its captured graph); a crashed or hung program is killed
+        and shows as the loop's failure (its exit described by the program's SandboxError)."""
         prog, timeout = self.pair.program, self.cfg.sandbox.timeout_s
-        serve = Serve(program)
+        serve = Serve(program, graph)
         prog.send(serve)
         if self.agent is not None:
             result = run_calls(calls, self.agent, self.pair.exchange.go_write, self.pair.exchange.done_read,
@@ -120,6 +120,10 @@ class PairDriver:
             prog.kill()
         prog.receive(serve)
         return result
+
+    def capture(self, program: str, calls: int) -> CaptureReply:
+        """Record a frame of `calls` calls of `program` as one CUDA graph in the program process."""
+        return self.pair.program.request(Capture(program, calls))
 
     def load(self, message: dict) -> LoadReply:
         """Load a program in the program process (`message`: the fields of a Load request)."""

@@ -43,8 +43,9 @@ from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, P
                                   send_frame)
 from hpc.sandbox.messages import FailureKind
 
-PROTOCOL = "outside-3"     # kept with every record: outside clock, programs side by side in one window,
-                           # timed calls in bursts
+PROTOCOL = "outside-4"     # kept with every record: outside clock, programs side by side in one window,
+                           # timed calls in bursts; on cuda each burst a graph replay where every program
+                           # of the window can be recorded (the record's conditions say: timed_by)
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 

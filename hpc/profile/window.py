@@ -15,13 +15,14 @@ beside it, and so raise its own speedup.
 from __future__ import annotations
 
 import random
+import secrets
 import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hpc.profile.timing import Call, Failure, LoopResult, frames
+from hpc.profile.timing import Call, Failure, LoopResult, frames, timing_calls
 from hpc.sandbox import freeze
-from hpc.sandbox.messages import FailureKind
+from hpc.sandbox.messages import CaptureReply, FailureKind
 from hpc.sandbox.process import SandboxError
 
 
@@ -37,7 +38,8 @@ class EntrantError(Exception):
 class Runs(Protocol):
     """What a window needs of a driver (hpc.profile.driver.PairDriver)."""
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "") -> LoopResult: ...
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult: ...
+    def capture(self, program: str, calls: int) -> CaptureReply: ...
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Entrant:
     warmup: list[Call]
     timed: list[Call]
     tree: int = 0
+    checkable: bool = True    # its outputs are the task's (not the empty program)
+    graph: bool = False       # its frames replay its captured graph (record_graphs)
 
 
 @dataclass
@@ -98,7 +102,7 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
             freeze.resume(entrant.tree)
             stopped.discard(entrant.name)
         try:
-            result = entrant.driver.run(calls, program=entrant.program)
+            result = entrant.driver.run(calls, program=entrant.program, graph=entrant.graph)
         except SandboxError as e:
             raise EntrantError(entrant.name, e) from None
         window.times_ns[entrant.name] += result.times_ns
@@ -131,6 +135,57 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
         for entrant in entrants:
             if entrant.name in stopped:
                 freeze.resume(entrant.tree)
+
+
+@dataclass
+class Recording:
+    """Whether the window's frames are graph replays, or why not; `failed`/`failure`: an entrant
+    whose process ended or hung while its graph was checked (its calls cannot go on)."""
+
+    graphs: bool
+    reason: str = ""
+    failed: str = ""
+    failure: Failure | None = None
+
+
+def record_graphs(entrants: list[Entrant], burst: int) -> Recording:
+    """Record each entrant's frame of `burst` calls as a CUDA graph and check one replay of it:
+    every output of a frame of fresh inputs compared with the reference's. Only when every entrant
+    passes are the window's frames replays (each `graph` set), so the programs compared are always
+    timed alike. A program that cannot be recorded, or whose replay gives other outputs than its
+    calls (work on a stream of its own the capture missed), is no one's failure: the window is
+    timed by calls, as the record says. EntrantError when a driver raised (a candidate that broke
+    the rules while recorded included)."""
+    for entrant in entrants:
+        try:
+            reply = entrant.driver.capture(entrant.program, burst)
+        except SandboxError as e:
+            raise EntrantError(entrant.name, e) from None
+        if not reply.captured:
+            return Recording(False, f"{entrant.name} could not be recorded as a graph: {reply.reason}")
+    for entrant in entrants:
+        if not entrant.checkable:
+            continue
+        check = timing_calls([secrets.randbits(62)], 0, {0}, burst)
+        try:
+            result = entrant.driver.run(check, program=entrant.program, graph=True)
+        except SandboxError as e:
+            raise EntrantError(entrant.name, e) from None
+        failure = result.failure
+        if failure is not None and failure.kind in (FailureKind.CRASH, FailureKind.TIMEOUT):
+            return Recording(False, f"{entrant.name}'s graph: {failure.reason}", entrant.name, failure)
+        if failure is not None:
+            return Recording(False, f"{entrant.name}'s graph replay: {failure.reason}")
+    for entrant in entrants:
+        entrant.graph = True
+    return Recording(True)
+
+
+def timed_by(recording: Recording) -> dict[str, str]:
+    """How the window's frames were timed, for the record's conditions."""
+    if recording.graphs:
+        return {"timed_by": "graph replays"}
+    return {"timed_by": "calls", **({"graphs_refused": recording.reason} if recording.reason else {})}
 
 
 def handshake_ns(empty_ns: list[int]) -> tuple[float, float]:

@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,10 +33,10 @@ from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, Exch
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
                                   read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
                                   write_outputs)
-from hpc.sandbox.messages import (WORKER_KINDS, Attach, AttachReply, Check, CheckReply, Cost, CostReply, FailureKind,
-                                  Load, LoadReply, Ok, Outputs, OutputsReply, Prepare, ProgramSetup, Ready,
-                                  ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run, RunReply, Serve,
-                                  ServeReply, SetupReply)
+from hpc.sandbox.messages import (WORKER_KINDS, Attach, AttachReply, Capture, CaptureReply, Check, CheckReply, Cost,
+                                  CostReply, FailureKind, Load, LoadReply, Ok, Outputs, OutputsReply, Prepare,
+                                  ProgramSetup, Ready, ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run,
+                                  RunReply, Serve, ServeReply, SetupReply)
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
 
@@ -413,6 +414,15 @@ class _EmptyModel(torch.nn.Module):
         return self.outputs
 
 
+@dataclass
+class Replay:
+    """A program's frame of `calls` calls recorded as one CUDA graph, and the outputs it writes."""
+
+    calls: int
+    graph: torch.cuda.CUDAGraph
+    outputs: list[torch.Tensor]
+
+
 class ProgramWorker(_Worker):
     """Runs calls of one of its programs on the slot's inputs when the driver says go. A trusted
     process holds the empty program, eager Model and each torch.compile mode; a candidate's process
@@ -443,6 +453,8 @@ class ProgramWorker(_Worker):
                              for o in self.outputs], self.device)
         self.programs = {"empty": lambda inputs, poison: empty(*inputs)}
         self.call = self.programs["empty"]
+        self.graphs: dict[str, Replay] = {}
+        self.replay: Replay | None = None
         return Ok()
 
     @staticmethod
@@ -462,7 +474,7 @@ class ProgramWorker(_Worker):
         if program == "candidate":
             with compiling():   # a load-time build (load_inline) stays off the cores kept for timing
                 call = self._load_candidate(req)
-            self.programs = {}
+            self.programs, self.graphs = {}, {}
         else:
             model = init_model(self.task.Model, self.task, self.init_seed, self.device)
             mode = req.mode
@@ -511,6 +523,9 @@ class ProgramWorker(_Worker):
             raise WorkerError(f"no program {name!r} here (loaded: {', '.join(self.programs) or 'none'})",
                               FailureKind.HARNESS)
         self.call = self.programs[name]
+        self.replay = self.graphs.get(name) if req.graph else None
+        if req.graph and self.replay is None:
+            raise WorkerError(f"no graph of {name!r} was captured", FailureKind.HARNESS)
         set_spinning(self.fds.go, self.spin)
         calls = 0
         while True:
@@ -544,10 +559,25 @@ class ProgramWorker(_Worker):
             send_frame(self.fds.done, seq, status)
 
     def _one_frame(self, poison: float | None, count: int) -> None:
-        """`count` calls, one on each position's inputs, back to back; then one synchronization."""
+        """`count` calls, one on each position's inputs, back to back (or their graph replayed);
+        then one synchronization, and every call's outputs described in the header."""
+        if self.replay is not None and poison is None:
+            if self.replay.calls != count:
+                raise WorkerError(f"a frame of {count} calls (the graph holds {self.replay.calls})",
+                                  FailureKind.HARNESS)
+            self.replay.graph.replay()
+            outs = self.replay.outputs
+        else:
+            outs = self._calls(self.call, poison, count)
+        synchronize(self.device)   # device-wide: work left on any stream is inside the frame
+        self._describe(outs)
+
+    def _calls(self, call, poison: float | None, count: int) -> list[torch.Tensor]:
+        """`count` calls of `call`, one on each position's inputs: their outputs, each checked to
+        be a tensor the driver can compare."""
         outs = []
         for inputs in self.positions[:count]:
-            for k, t in enumerate(as_tuple(self.call(inputs, poison))):
+            for k, t in enumerate(as_tuple(call(inputs, poison))):
                 if type(t) is not torch.Tensor:
                     raise RuleViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
                                         "not a plain torch.Tensor")
@@ -557,7 +587,10 @@ class ProgramWorker(_Worker):
                 if _dtype_name(t.dtype) not in cuda_ipc.DTYPES:
                     raise WorkerError(f"output {k} has dtype {t.dtype}, which cannot be compared", FailureKind.RUNTIME)
                 outs.append(t if t.is_contiguous() else t.contiguous())
-        synchronize(self.device)   # device-wide: work left on any stream is inside the frame
+        return outs
+
+    def _describe(self, outs: list[torch.Tensor]) -> None:
+        """Every output of the frame described in the header, kept alive until the next frame."""
         claims = []
         for t in outs:
             if self.device.type == "cuda" and t.numel():
@@ -570,6 +603,49 @@ class ProgramWorker(_Worker):
         except ValueError as e:
             raise WorkerError(str(e), FailureKind.RUNTIME) from None
         self.kept = outs   # alive until the next frame: the driver copies them out after this answer
+
+    def capture(self, req: Capture) -> CaptureReply:
+        """Record `calls` calls of `program`, one on each position's inputs, as one CUDA graph
+        that a serve loop with `graph` replays for each of its frames: the frame's figure is then
+        the device's work alone, none of the host path (Python, guards, launches), which moves
+        with the host from one evaluation to the next. A program that cannot be recorded (it
+        synchronizes, reads values on the host, launches outside the current stream) says why
+        and is timed by calls; so, then, is every program it is compared with (the harness's
+        choice). The call runs under the rules as any other (a candidate's guard and op monitor
+        see its Python once, here)."""
+        name = req.program or ("candidate" if "candidate" in self.programs else "empty")
+        if name not in self.programs:
+            raise WorkerError(f"no program {name!r} here", FailureKind.HARNESS)
+        if self.device.type != "cuda":
+            return CaptureReply(False, "graphs are recorded on cuda only")
+        if not 1 <= req.calls <= len(self.positions):
+            raise WorkerError(f"a graph of {req.calls} calls (the slot holds {len(self.positions)})",
+                              FailureKind.HARNESS)
+        self.graphs.pop(name, None)
+        call = self.programs[name]
+        try:
+            side = torch.cuda.Stream()   # warm up on a side stream, as torch asks before a capture
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._calls(call, None, req.calls)
+            torch.cuda.current_stream().wait_stream(side)
+            synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = self._calls(call, None, req.calls)
+            graph.replay()
+            synchronize(self.device)
+        except (RuleViolation, WorkerError):
+            raise
+        except Exception as e:   # not recordable: timed by calls
+            try:
+                synchronize(self.device)
+            except Exception:
+                pass   # the same error again: the serve loop reports it if it lasts
+            text = str(e).strip()
+            return CaptureReply(False, f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}")
+        self.graphs[name] = Replay(req.calls, graph, outs)
+        return CaptureReply(True, "")
 
     def _handle_of(self, t: torch.Tensor) -> tuple[bytes, int]:
         """The allocation an output lies in: the slot's own handle for a view of the inputs (CUDA

@@ -270,17 +270,34 @@ class ServeReply(Reply):
 @dataclass(frozen=True)
 class Serve(Request):
     """Run `program`'s calls as go frames ask, until the stop frame ("": the candidate, or the
-    empty program before one is loaded)."""
+    empty program before one is loaded); with `graph`, each timed frame replays the program's
+    captured graph (Capture) instead of calling it."""
     op: ClassVar[str] = "serve"
     reply: ClassVar[type[Reply]] = ServeReply
     program: str = ""
+    graph: bool = False
+
+
+@dataclass(frozen=True)
+class CaptureReply(Reply):
+    captured: bool
+    reason: str             # why not, when not
+
+
+@dataclass(frozen=True)
+class Capture(Request):
+    """Record a frame of `calls` calls of `program` as one CUDA graph (cuda)."""
+    op: ClassVar[str] = "capture"
+    reply: ClassVar[type[Reply]] = CaptureReply
+    program: str
+    calls: int
 
 
 # What each role answers: any other op is refused.
 REQUESTS: dict[str, dict[str, type[Request]]] = {
     "reference": {r.op: r for r in (Ready, Exit, ReferenceSetup, Attach, Prepare, Check, Run, Cost, Outputs,
                                      Repeatable)},
-    "program": {r.op: r for r in (Ready, Exit, ProgramSetup, Load, Serve)},
+    "program": {r.op: r for r in (Ready, Exit, ProgramSetup, Load, Serve, Capture)},
 }
 
 

@@ -6,6 +6,7 @@ Runs only where torch sees a CUDA device (the H200 machine): `scripts/test-gpu.s
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -23,11 +24,37 @@ pytestmark = pytest.mark.gpu
 HONEST = TESTS / "fixtures" / "honest_relu"
 
 
+def _timed_by(rec) -> dict:
+    return {name: (c["timed_by"], c.get("graphs_refused", "")) for name, c in json.loads(rec.conditions).items()}
+
+
 def test_side_stream_work_is_timed(cuda_config):
-    """Slow work hidden on a private stream still lands inside the measured interval: not paid as fast."""
+    """Slow work hidden on a private stream still lands inside the measured interval: not paid as fast.
+    (Its stream never joins the captured one, so it cannot be recorded as a graph: timed by calls.)"""
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "hacks_cuda" / "side_stream"), cuda_config)
     assert rec.candidate_ms > 5.0, rec.reason
     assert rec.reward <= 1.0
+    assert {how for how, _ in _timed_by(rec).values()} == {"calls"}, rec.conditions
+
+
+def test_an_honest_candidate_and_its_baselines_are_timed_as_graph_replays(cuda_config):
+    rec = evaluate(load_task(RELU_TASK), load_candidate(HONEST), cuda_config)
+    assert rec.status == "ok" and rec.correct, rec.reason
+    assert set(_timed_by(rec).values()) == {("graph replays", "")}, rec.conditions
+    assert rec.timed_checks > 0
+
+
+def test_a_candidate_that_records_nothing_in_its_graph_is_timed_by_calls(cuda_config):
+    """Native code that launches nothing while its call is captured would make every replay free:
+    the replay's outputs are checked on fresh inputs first, found wrong, and every program of the
+    window is timed by calls instead (the candidate is not failed: an honest one whose graph misses
+    work must not be)."""
+    honest = evaluate(load_task(RELU_TASK), load_candidate(HONEST), cuda_config)
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "hacks_cuda" / "graph_dodger"), cuda_config)
+    assert rec.status == "ok" and rec.correct, rec.reason
+    assert {how for how, _ in _timed_by(rec).values()} == {"calls"}, rec.conditions
+    assert "graph replay" in _timed_by(rec)["candidate"][1]
+    assert rec.candidate_ms > 0.5 * honest.candidate_ms, (rec.candidate_ms, honest.candidate_ms)
 
 
 def test_a_cuda_fault_does_not_poison_the_next_evaluation(cuda_config):
