@@ -631,8 +631,11 @@ class ProgramWorker(_Worker):
             torch.cuda.current_stream().wait_stream(side)
             synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = self._calls(call, None, req.calls)
+            try:
+                with torch.cuda.graph(graph):
+                    outs = self._calls(call, None, req.calls)
+            finally:
+                cuda_ipc.forget_exported()   # the capture emptied torch's cache: memory went back to the driver
             graph.replay()
             synchronize(self.device)
         except (RuleViolation, WorkerError):

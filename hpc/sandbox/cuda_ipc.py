@@ -145,6 +145,13 @@ class Mappings:
 _exported: dict[tuple[int, int], bytes] = {}
 
 
+def forget_exported() -> None:
+    """Forget every handle made: memory went back to the driver (torch.cuda.graph empties torch's
+    cache before a capture), and a new allocation at a freed one's address and size would
+    otherwise get the freed one's handle, which the importer cannot open."""
+    _exported.clear()
+
+
 def handle_of(tensor: torch.Tensor) -> tuple[bytes, int]:
     """(handle of the allocation holding `tensor`, byte offset of its first element in it); the
     handle is made once per allocation (torch's caching allocator hands the same ones back)."""
