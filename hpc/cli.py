@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--jobs", type=int, default=1,
                        help="evaluations at once on the device; timed runs still take it alone (default 1)")
     _common(suite)
-    imp = sub.add_parser("import-kernelbench", help="convert KernelBench's eval_results.json to records")
+    imp = sub.add_parser("import-kernelbench", help="convert KernelBench's eval_results.json to records",
+                         epilog="example inputs, as KernelBench writes them: docs/formats.md, "
+                                "'Importing KernelBench's own results'")
     imp.add_argument("eval_results", help="KernelBench's runs/<run>/eval_results.json")
     imp.add_argument("--level", type=int, required=True, help="the KernelBench level that run evaluated")
     imp.add_argument("--out", required=True, help="append the records to this HDF5 file")

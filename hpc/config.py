@@ -208,9 +208,10 @@ REMOVED_KEYS: dict[tuple[type, str], str] = {
 }
 
 
-def build_config(cls, data: Any, prefix: str):
+def build_config(cls, data: Any, prefix: str, also_known: tuple[str, ...] = ()):
     """A config dataclass from plain data (YAML), checking every key and type on the way; errors
-    name the key by its dotted path under `prefix`. Shared by every config of the project."""
+    name the key by its dotted path under `prefix`. Shared by every config of the project.
+    `also_known`: keys the caller took out before (`preset`), named with the known ones."""
     if not isinstance(data, dict):
         raise UserError(f"config {prefix or 'top level'}: expected a mapping, got {type(data).__name__}")
     hints = get_type_hints(cls)
@@ -221,7 +222,7 @@ def build_config(cls, data: Any, prefix: str):
         if key not in names:
             if (cls, key) in REMOVED_KEYS:
                 raise UserError(f"config {path}: {REMOVED_KEYS[cls, key]}")
-            raise UserError(f"config {path}: unknown key (known: {', '.join(sorted(names))})")
+            raise UserError(f"config {path}: unknown key (known: {', '.join(sorted(names | set(also_known)))})")
         kwargs[key] = _coerce(hints[key], value, path)
     return cls(**kwargs)
 

@@ -171,3 +171,22 @@ def test_command_line_error_exits_two_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: eval results {tmp_path / 'missing.json'}: cannot read (No such file or directory)"]
+
+
+def test_the_documented_example_inputs_import_as_the_docs_say(tmp_path):
+    """docs/formats.md shows an eval_results.json and a baseline file: they import into the records
+    it describes."""
+    import re
+
+    doc = (ROOT / "docs" / "formats.md").read_text()
+    section = doc[doc.index("## Importing KernelBench's own results"):]
+    results, eager = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)[:2]]
+    (tmp_path / "eval_results.json").write_text(json.dumps(results))
+    (tmp_path / "eager.json").write_text(json.dumps(eager))
+    out = tmp_path / "kb.h5"
+    assert main(["import-kernelbench", str(tmp_path / "eval_results.json"), "--level", "1", "--out", str(out),
+                 "--baseline-eager", str(tmp_path / "eager.json")]) == 0
+    ok, wrong = read_records(out)
+    assert (ok.task_id, ok.correct, ok.candidate_ms, ok.eager_ms) == ("level1/19_ReLU", True, 2.0, 4.27)
+    assert math.isnan(ok.reward)
+    assert (wrong.status, wrong.failed_stage, wrong.reward) == ("failed", "correctness", -1.0)

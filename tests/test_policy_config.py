@@ -65,6 +65,11 @@ def test_errors_name_the_key(data, key):
         policy_config(data)
 
 
+def test_an_unknown_key_lists_preset_among_the_known_ones():
+    with pytest.raises(UserError, match=r"policy\.presett: unknown key \(known: .*\bpreset\b"):
+        policy_config({"presett": "tiny"})
+
+
 def test_world_size_must_be_a_multiple_of_model_parallel():
     cfg = policy_config({"parallel": {"tensor": 2}})
     cfg.validate(world_size=4)

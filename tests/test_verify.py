@@ -81,7 +81,7 @@ def test_continuous_reward_is_the_speedup_over_compile():
     ("import torch\nclass ModelNew:\n    def f(self): torch.save(self, 'x')\n", ".save"),
     ("class ModelNew:\n    def f(self): return ().__class__.__base__\n", ".__base__"),
     ("class Other: pass\n", "defines no class ModelNew"),
-    ("class ModelNew(:\n", "syntax error"),
+    ("class ModelNew(:\n", "model_new.py: syntax error at line 1"),
 ])
 def test_static_policy_names_the_problem(source, words):
     assert words in source_defect(source, "model_new.py")

@@ -151,7 +151,7 @@ def policy_config(data: dict[str, Any] | None = None, **overrides: Any) -> Polic
     if preset not in PRESETS:
         raise UserError(f"config policy.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
     merged = {**PRESETS[preset], **data}
-    cfg = build_config(PolicyModelConfig, merged, "policy.")
+    cfg = build_config(PolicyModelConfig, merged, "policy.", also_known=("preset",))
     cfg.validate()
     return cfg
 

@@ -24,6 +24,7 @@ import sys
 import types
 from collections.abc import Sequence
 from functools import lru_cache
+from pathlib import Path
 
 # ---------------------------------------------------------------------------------------- Python
 
@@ -71,7 +72,8 @@ def source_defect(source: str, filename: str, allowed_libraries: Sequence[str] =
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as e:
-        return f"syntax error at line {e.lineno}: {e.msg}" if e.lineno else f"syntax error: {e.msg}"
+        where = f"{Path(filename).name}: syntax error"
+        return f"{where} at line {e.lineno}: {e.msg}" if e.lineno else f"{where}: {e.msg}"
     except ValueError as e:   # NUL bytes (Python 3.11)
         return f"not Python source: {e}"
     except (RecursionError, MemoryError):
