@@ -2,13 +2,16 @@
 # A real single-node Slurm on this machine, for tests and trying the templates: munge, MariaDB,
 # slurmdbd (accounting: submitit needs sacct), slurmctld and slurmd, all with their state, logs
 # and configs under one folder. Needs root and Debian's slurm-wlm, slurmdbd, mariadb-server and
-# munge (scripts/system-deps.sh installs them).
+# munge: `up` installs them with scripts/system-deps.sh when one is missing.
 #
-#   scripts/local-slurm.sh up [DIR]     start everything (idempotent); prints `export SLURM_CONF=...`
-#   scripts/local-slurm.sh down [DIR]   stop everything this script started in DIR
+#   eval "$(scripts/local-slurm.sh up [DIR])"   start everything (idempotent) and point this shell at
+#                                              it: `up` prints `export SLURM_CONF=...` on stdout
+#   scripts/local-slurm.sh down [DIR]           stop everything this script started in DIR
 #
-# DIR defaults to $HPC_SLURM_DIR or /tmp/hpc-slurm. The node advertises 8 CPUs and 2 GPUs (device
-# nodes standing in for GPUs: GRES bookkeeping and CUDA_VISIBLE_DEVICES only).
+# DIR defaults to $HPC_SLURM_DIR or /tmp/hpc-slurm. The node advertises this machine's CPUs
+# (HPC_SLURM_CPUS overrides: the tests ask for 8, to place 4-rank MPI jobs on 2 cores; they time
+# nothing) and 2 GPUs (device nodes standing in for GPUs: GRES bookkeeping and
+# CUDA_VISIBLE_DEVICES only).
 set -euo pipefail
 cmd="${1:-}"
 dir="$(realpath -m "${2:-${HPC_SLURM_DIR:-/tmp/hpc-slurm}}")"
@@ -80,7 +83,7 @@ DependencyParameters=kill_invalid_depend
 KillOnBadExit=1
 MinJobAge=300
 GresTypes=gpu
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=8 RealMemory=$mem Gres=gpu:2 State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=${HPC_SLURM_CPUS:-$(nproc)} RealMemory=$mem Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
     cat >"$dir/etc/gres.conf" <<EOF
@@ -148,7 +151,11 @@ EOF
 up() {
     [ "$(id -u)" -eq 0 ] || { log "needs root"; exit 1; }
     for tool in munged mariadbd slurmdbd slurmctld slurmd; do
-        command -v "$tool" >/dev/null || { log "missing $tool (run scripts/system-deps.sh)"; exit 1; }
+        if ! command -v "$tool" >/dev/null; then
+            log "$tool is missing: installing the system packages (scripts/system-deps.sh)"
+            bash "$(dirname "${BASH_SOURCE[0]}")/system-deps.sh" >&2
+            command -v "$tool" >/dev/null || { log "still missing $tool after scripts/system-deps.sh"; exit 1; }
+        fi
     done
     write_configs
     chmod 755 "$dir"

@@ -114,7 +114,8 @@ def slurm():
     state = Path(tempfile.mkdtemp(prefix="hpc-slurm-"))   # not under pytest's private tmp: mysql must reach it
     ports = {"HPC_SLURMCTLD_PORT": _free_port(), "HPC_SLURMD_PORT": _free_port(),
              "HPC_SLURMDBD_PORT": _free_port(), "HPC_MARIADB_PORT": _free_port()}
-    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
+    # 8 CPUs whatever the machine has: the tests place 4-rank MPI jobs and time nothing
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()}, "HPC_SLURM_CPUS": "8"}
     script = ROOT / "scripts" / "local-slurm.sh"
     try:
         up = subprocess.run(["bash", str(script), "up", str(state)], env=env, capture_output=True, text=True,

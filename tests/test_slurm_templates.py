@@ -173,3 +173,29 @@ def test_every_requeued_template_appends_to_its_log():
         text = template.read_text()
         if "#SBATCH --requeue" in text:
             assert "#SBATCH --open-mode=append" in text, template.name
+
+
+def test_the_one_step_local_slurm_advertises_this_machines_cores_and_points_the_shell_at_it(tmp_path):
+    """`eval "$(scripts/local-slurm.sh up)"` is the documented step: its stdout is the export line
+    alone, and the node offers the cores this machine has (8 on 2 cores stacked array tasks' timed
+    kernels on each other)."""
+    import shutil
+    import tempfile
+
+    from tests.conftest import _free_port
+
+    if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+        pytest.skip("needs root and Slurm (scripts/system-deps.sh installs it)")
+    state = Path(tempfile.mkdtemp(prefix="hpc-slurm-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("HPC_SLURM_CPUS", "SLURM_CONF")}
+    env.update({k: str(_free_port()) for k in ("HPC_SLURMCTLD_PORT", "HPC_SLURMD_PORT", "HPC_SLURMDBD_PORT",
+                                               "HPC_MARIADB_PORT")})
+    script = ROOT / "scripts" / "local-slurm.sh"
+    try:
+        shell = subprocess.run(["bash", "-c", f'eval "$(bash {script} up {state})" && scontrol show node localhost'],
+                               env=env, capture_output=True, text=True, timeout=300)
+        assert shell.returncode == 0, shell.stderr
+        assert f"CPUTot={len(os.sched_getaffinity(0))} " in shell.stdout, shell.stdout
+    finally:
+        subprocess.run(["bash", str(script), "down", str(state)], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
