@@ -224,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     if not shard_files:
         log.error("error: no shard produced results")
         return 1
-    records = merge_files(shard_files, out / "results.h5")
+    try:
+        records = merge_files(shard_files, out / "results.h5")
+    except UserError as e:   # a shard file damaged past its journal (its array task said so too)
+        log.error("error: %s", e)
+        return 2
     print(summary_table(records))
     log.info("evaluate: %d records in %s", len(records), out / "results.h5")
     return 1 if failed else 0

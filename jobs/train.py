@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError  # noqa: E402
+from hpc.errors import UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging  # noqa: E402
 from hpc.rl.launch import RESULTS, train  # noqa: E402
@@ -46,10 +46,15 @@ class TrainJob(submitit.helpers.Checkpointable):
     """The submitit job: every task of it runs `train` (under Slurm with `--mpi=pmix`, the tasks
     are the MPI world). Requeued on preemption or timeout, it resumes from the run's checkpoints."""
 
-    def __call__(self, config: str, out: str, pool: bool, trainers: int) -> dict[str, Any] | None:
+    def __call__(self, config: str, out: str, pool: bool, trainers: int) -> dict[str, Any] | UserError | None:
         setup_logging()
         try:
             return train(config, out, pool, trainers)
+        except UserError as e:
+            # the job's answer, not its failure: the submitter says it in one line (raised, it would be
+            # submitit's traceback of the job), and bad input is no reason to requeue
+            log.error("error: %s", e)
+            return e
         finally:
             from hpc.policy.parallel import teardown
 
@@ -73,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def submit(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Run `train` as a submitit job and wait for it; a bad config or --out is refused here, before
+    a job waits in a queue to find it, and a UserError of the job is raised here (one line, exit 2)."""
+    from hpc.rl.train_config import load_train_config
+
+    load_train_config(args.config)
+    writable_folder(args.out)
     executor = make_executor(Path(args.out) / "slurm", args.executor, "hpc-train", args.time,
                              cpus_per_task=args.cpus_per_task, partition=args.partition, account=args.account)
     if executor.cluster == "slurm":
@@ -88,6 +99,9 @@ def submit(args: argparse.Namespace) -> dict[str, Any] | None:
                           args.trainers)
     log.info("submitted job %s (logs under %s)", job.job_id, Path(args.out) / "slurm")
     results = job.results()
+    refused = next((r for r in results if isinstance(r, UserError)), None)
+    if refused is not None:
+        raise refused
     return next((r for r in results if r is not None), None)
 
 

@@ -84,6 +84,28 @@ def test_a_results_file_resumes_by_record_key_and_a_harness_error_runs_again(tmp
         ("level1/a", "a2", "ok"), ("level1/a", "aa", "ok"), ("level1/b", "bb", "error"), ("level1/b", "bb", "ok")]
 
 
+
+def test_a_task_without_a_candidate_is_recorded_once_however_often_the_run_resumes(tmp_path):
+    """Its failed record carries the key its entry had before evaluating (the pool's resumes added
+    one more such record on every run, issue 24)."""
+    from hpc.config import load_config
+    from hpc.suite import evaluate_entry, suite_entries
+    from hpc.task import load_task
+    from tests.conftest import RELU_TASK
+
+    cfg = load_config(cache_dir=str(tmp_path / "cache"), backend="cpu", scale="cpu")
+    task, path = load_task(RELU_TASK), tmp_path / "r.h5"
+    for run in range(3):
+        entries = suite_entries([(task, None)], str(tmp_path / "candidates"))
+        with RecordStore(path) as store:
+            summary = run_items([Item(e.record_key(), e) for e in entries],
+                                in_threads(lambda item: evaluate_entry(item.payload, cfg), prestart=False), store,
+                                describe=lambda i, r: "", label="test", stream=io.StringIO())
+        assert (summary.skipped, summary.evaluated) == ((0, 1) if run == 0 else (1, 0))
+    [record] = read_records(path)
+    assert (record.task_id, record.status, record.reason) == (
+        task.task_id, "failed", f"no candidate for {task.task_id} under {tmp_path / 'candidates'}")
+
 def test_only_means_the_task_ids_containing_one_of_the_strings():
     tasks = [BadTask(Path(f"{t}.py"), t, 1, "") for t in ("level1/01_gelu", "level1/02_relu", "level2/01_gemm_gelu")]
     assert [t.task_id for t in select_tasks(tasks, ["gelu"], "tasks")] == ["level1/01_gelu", "level2/01_gemm_gelu"]

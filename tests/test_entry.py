@@ -41,3 +41,29 @@ def test_evaluate_job_usage_error_is_one_line_and_exit_2():
                          timeout=120)
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert out.stderr.startswith("error: jobs/evaluate.py: "), out.stderr
+
+
+@pytest.mark.slow
+def test_a_submitted_training_job_s_user_error_is_one_line_and_exit_2(tmp_path):
+    """jobs/train.py --submit: a bad config is refused before a job is submitted (no run folder
+    made); an error only the job finds (a pipeline of 2 in its one process) comes back from the job
+    as one line and exit 2, not submitit's traceback of the job."""
+    import yaml
+
+    def submit(change: dict) -> subprocess.CompletedProcess:
+        config = yaml.safe_load((ROOT / "configs" / "train" / "default.yaml").read_text())
+        config["policy"].update(change)
+        path = tmp_path / "train.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return subprocess.run([sys.executable, "jobs/train.py", "--config", str(path), "--out", str(tmp_path / "run"),
+                               "--submit", "--executor", "local"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+
+    early = submit({"max_seq_len": 0})
+    assert early.returncode == 2 and early.stderr.count("\n") == 1, early.stderr
+    assert early.stderr.startswith("error: config policy.max_seq_len") and not (tmp_path / "run").exists()
+    late = submit({"parallel": {"pipeline": 2}})
+    errors = [line for line in late.stderr.splitlines() if line.startswith("error: ")]
+    assert late.returncode == 2 and "Traceback" not in late.stderr, late.stderr[-3000:]
+    assert late.stderr.startswith("submitted job ") and len(errors) == 1, late.stderr
+    assert errors[0].startswith("error: config policy.parallel: tensor 1 x pipeline 2 does not divide"), errors

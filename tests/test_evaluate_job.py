@@ -68,3 +68,20 @@ def test_bad_arguments_are_one_line(tmp_path):
                            "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"error: tasks {tmp_path}: no problem files (*.py) found"]
+
+
+def test_a_damaged_shard_file_is_one_error_line_and_exit_2(tmp_path):
+    """A shard file damaged past its journal (no journal at all): its array task fails naming it,
+    and the merge after the array says so in one line, exit 2 (it was a traceback)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "shard-0000.h5").write_bytes(b"\x89not hdf5" * 300)
+    proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "evaluate.py"), str(ROOT / "kernels" / "tasks"),
+                           str(ROOT / "kernels" / "solutions"), "--only", "level1/01", "--out", str(run),
+                           "--executor", "local", "--shards", "1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors == [f"error: results {run / 'shard-0000.h5'}: cannot read as HDF5 (Unable to synchronously open "
+                      "file (file signature not found))"], proc.stderr
+    assert "array task" in proc.stderr and "damaged, and no journal to rebuild it from" in proc.stderr, proc.stderr

@@ -229,3 +229,23 @@ def test_ppo_epochs_refuses_fewer_rows_than_minibatches(parallel):
     rl = load_rl_config({"algorithm": "grpo", "group_size": 2, "minibatches": 3})
     with pytest.raises(ValueError, match="rl.minibatches 3: the batch has only 2 rows"):
         ppo_epochs(policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, rl, cfg.vocab_size)
+
+
+def test_an_update_on_the_trainers_optimizers_reports_each_models_grad_norm_and_update_ratio(parallel):
+    """The trainer steps policy and critic with megatron's optimizer (`hpc.policy.optimizer`), which
+    measures each step: a PPO update's statistics carry the actor's and the critic's gradient norm
+    and update ratio, train.h5's actor_* and critic_* columns (a plain torch optimizer's are NaN)."""
+    from hpc.policy.optimizer import ModelOptimizer
+
+    cfg, policy, critic = _models(1)
+    rl = load_rl_config({"algorithm": "ppo", "group_size": 8})
+    batch = _rollout(cfg, policy, 8, seed=5)
+    stats = update(policy, ModelOptimizer(policy, lr=1e-3, clip_grad=1.0), batch, rl, cfg.vocab_size,
+                   critic=critic, critic_opt=ModelOptimizer(critic, lr=1e-3, clip_grad=1.0))
+    assert stats.actor_grad_norm > 0 and stats.critic_grad_norm > 0, stats
+    assert 0 < stats.actor_update_ratio < 0.1 and 0 < stats.critic_update_ratio < 0.1, stats
+    cfg, policy, critic = _models(2)
+    plain = update(policy, torch.optim.Adam(policy.parameters(), lr=1e-3), batch, rl, cfg.vocab_size, critic=critic,
+                   critic_opt=torch.optim.Adam(critic.parameters(), lr=1e-3))
+    assert all(math.isnan(v) for v in (plain.actor_grad_norm, plain.actor_update_ratio, plain.critic_grad_norm,
+                                       plain.critic_update_ratio)), plain

@@ -345,3 +345,52 @@ def test_a_steps_metrics_take_only_step_columns_and_a_misspelt_one_fails_where_i
     assert (rollout["samples"], rollout["reward_mean"], rollout["pass_rate"], rollout["faster_than_eager_rate"],
             rollout["response_clipped_ratio"], rollout["tokens_per_second"]) == (2, 1.0, 0.5, 0.5, 0.5, 5.0)
     assert math.isnan(rollout_metrics(outcomes, RolloutStats(), timed=False).as_dict()["faster_than_compile_rate"])
+
+
+def _rl_row(step: int, stage: str, stage_step: int, samples: int) -> dict:
+    return step_row(step, stage, stage_step, reward_mean=0.5, reward_std=0.9, pass_rate=0.75, kl_to_reference=0.01,
+                    clip_fraction=0.1, explained_variance=0.3, value_loss=0.2, samples=samples)
+
+
+def _training_rows(stages: list[tuple[str, int]]) -> list[dict]:
+    rows: list[dict] = []
+    for stage, n in stages:
+        for k in range(1, n + 1):
+            step = len(rows) + 1
+            rows.append(step_row(step, stage, k, sft_loss=2.0 / k) if "sft" in stage else
+                        step_row(step, stage, k, value_loss=0.5) if stage == "value" else
+                        _rl_row(step, stage, k, 32 if stage.startswith("measure") else 16))
+    return rows
+
+
+@pytest.mark.parametrize("stages", [
+    [("warmup_sft", 2), ("value", 1), ("ppo_single", 1), ("rft_sample", 1), ("ppo_multi", 1)],   # the test recipe
+    [("warmup_sft", 400), ("measure_before", 1), ("ppo", 32), ("measure_after", 1)]])            # the default
+def test_training_plot_draws_each_stage_name_inside_its_panel_on_whole_steps(tmp_path, monkeypatch, stages):
+    """A panel's x axis spans its steps, each a whole slot with integer ticks, so every stage's
+    name lies inside its panel: a one-step axis put the first stage's start (x = 0.5) far left of
+    the panel, and its name with it (training.png grew 1.7x wider, a blank band on its left), and
+    the last stage's name ran past the panel's right edge."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from hpc.analysis import plots
+
+    saved = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig) or save(fig, path))
+    plots.plot_training([("run", _training_rows(stages))], tmp_path / "training.png")
+    (fig,) = saved
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    names = []
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.lines:
+            continue
+        box = ax.get_window_extent(renderer)
+        steps = max(x for line in ax.lines for x in line.get_xdata())
+        assert ax.get_xlim() == (0.5, steps + 0.5), ax.get_title()
+        assert all(tick == int(tick) for tick in ax.get_xticks() if 0.5 <= tick <= steps + 0.5), ax.get_title()
+        for text in ax.texts:
+            extent = text.get_window_extent(renderer)
+            assert box.x0 - 1 <= extent.x0 and extent.x1 <= box.x1 + 1, (ax.get_title(), text.get_text())
+            names.append(text.get_text().strip(" →"))
+    assert set(names) == {stage for stage, _ in stages}

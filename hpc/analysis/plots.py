@@ -9,7 +9,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from hpc.analysis.metrics import (BASELINES, FAST_P, MISSING, PASSED, UNVERIFIED, Run, RunSummary, fast_p_curve,
                                   passed, speedup, stage_segments)
@@ -119,7 +119,7 @@ SFT, VALUE, RL = "sft steps", "value pretraining steps", "RL steps"
 TRAINING_PANELS = (
     ("SFT loss", ("sft_loss",), SFT, None),
     ("value pretraining: value loss", ("value_loss",), VALUE, None),
-    ("mean reward (band: ± its standard error over the step's samples)", ("reward_mean",), RL, None),
+    ("mean reward (band: ± its standard error)", ("reward_mean",), RL, None),
     ("pass rate (band: ± its standard error)", ("pass_rate",), RL, (0.0, 1.02)),
     ("faster than torch.compile / eager", ("faster_than_compile_rate", "faster_than_eager_rate"), RL, (0.0, 1.02)),
     ("KL to reference", ("kl_to_reference",), RL, None),
@@ -181,9 +181,10 @@ def _curve(ax, rows: list[dict], key: str, color: str, style: str, limits: tuple
     return drawn
 
 
-def _stage_marks(ax, runs_rows: list[list[dict]], keys: tuple[str, ...], label: bool) -> None:
+def _stage_marks(ax, runs_rows: list[list[dict]], keys: tuple[str, ...], label: bool, width: int) -> None:
     """A dotted vertical where each stage after the first begins on this axis; every stage's name
-    along the top, staggered."""
+    along the top, staggered, inside the panel: after its vertical in the panel's first two thirds,
+    before it (pointing at it) in the last third, where the name would run past the panel's edge."""
     starts: dict[float, list[str]] = {}
     for rows in runs_rows:
         for stage, seg in stage_segments([r for r in rows if any(_finite(r, key) for key in keys)]):
@@ -194,9 +195,11 @@ def _stage_marks(ax, runs_rows: list[list[dict]], keys: tuple[str, ...], label: 
         if k:
             ax.axvline(x, color="black", lw=0.6, ls=":")
         if label:
-            ax.text(x, 0.97 - 0.09 * (k % 3), " " + " / ".join(names), transform=ax.get_xaxis_transform(),
-                    va="top", ha="left", fontsize="x-small",
-                    bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 1})
+            text = " / ".join(names)
+            late = x - 0.5 > 2 * width / 3
+            ax.text(x, 0.97 - 0.09 * (k % 3), f"{text} →" if late else f" {text}",
+                    transform=ax.get_xaxis_transform(), va="top", ha="right" if late else "left",
+                    fontsize="x-small", bbox={"fc": "white", "ec": "none", "alpha": 0.7, "pad": 1})
 
 
 def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
@@ -216,7 +219,11 @@ def plot_training(runs: list[tuple[str, list[dict]]], path: Path) -> Path:
             for key, style in zip(keys, STYLES):
                 if _curve(ax, rows, key, f"C{k % 10}", style, limits):
                     drawn[key] = style
-        _stage_marks(ax, runs_rows, keys, label=i < first_rl + 3)
+        width = max((r["x"] for rows in runs_rows for r in rows), default=0)   # the steps on this axis
+        _stage_marks(ax, runs_rows, keys, i < first_rl + 3, width)
+        if drawn:   # each step's slot whole, so every stage begins and ends inside the panel
+            ax.set_xlim(0.5, width + 0.5)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         ax.set_title(title, fontsize="medium")
         ax.set_xlabel(axis, fontsize="small")
         ax.grid(alpha=0.3)
