@@ -115,7 +115,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     """Time eager or torch.compile (`program`: eager | compile[:mode]) alone, beside the empty
     program, in a worker pair: a new one, or `pair` (one started for this; the caller closes it);
     its figures and the conditions they were taken in. SandboxError when it cannot be timed."""
-    from hpc.profile.driver import PairDriver
+    from hpc.profile.driver import PairDriver, graph_replays
 
     program = "compile:default" if program == "compile" else program
     if pair is None:
@@ -129,7 +129,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     burst = load_baselines(driver, task, cfg, init_seed, secrets.randbelow(1 << 62), lock, [program])
     entrants = baseline_entrants(driver, cfg, [program], burst)
     recording = Recording(False)
-    if cfg.backend == "cuda" and cfg.timing.graphs:
+    if graph_replays(cfg):
         try:
             with lock.shared():
                 recording = record_graphs(entrants, burst)

@@ -33,7 +33,7 @@ from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
 from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.driver import PairDriver
+from hpc.profile.driver import PairDriver, graph_replays
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, record_graphs, run_window,
                                 timed_by)
@@ -269,7 +269,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     *baseline_entrants(baseline_driver, cfg, programs, seeds.burst)]
         try:
             recording = Recording(False, "timing.graphs is off" if cfg.backend == "cuda" else "")
-            if cfg.backend == "cuda" and cfg.timing.graphs:
+            if graph_replays(cfg):
                 with lock.shared():
                     recording = record_graphs(entrants, seeds.burst)
                 if not recording.graphs:

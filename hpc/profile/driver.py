@@ -37,6 +37,11 @@ def spinning(cfg: EvalConfig) -> bool:
     return cfg.backend == "cuda" and len(os.sched_getaffinity(0)) >= 8
 
 
+def graph_replays(cfg: EvalConfig) -> bool:
+    """Whether the window's frames are to be graph replays, where every program can be recorded."""
+    return cfg.backend == "cuda" and cfg.timing.graphs
+
+
 def most_calls(cfg: EvalConfig, burst: int) -> int:
     """The longest run of calls an evaluation makes (a batch of inputs never needs to be larger)."""
     t = cfg.timing
@@ -76,7 +81,7 @@ class PairDriver:
         cfg, ex = self.cfg, self.pair.exchange
         ref, prog = self.pair.reference, self.pair.program
         common = {"scale": cfg.scale, "init_seed": init_seed, "device": cfg.backend}
-        laid = ref.request(ReferenceSetup(**common, probe_seed=probe_seed,
+        laid = ref.request(ReferenceSetup(**common, probe_seed=probe_seed, graphs=graph_replays(cfg),
                                           task=str(harness_file(task.path, ref.workdir, "task.py", task.sha256))))
         layout = InputLayout.from_message(laid.layout)
         outputs = [TensorSpec.parse(o) for o in laid.outputs]

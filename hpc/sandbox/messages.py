@@ -117,6 +117,7 @@ class ReferenceSetup(Request):
     device: str
     probe_seed: int | None = None
     compile: str = ""
+    graphs: bool = False    # probe the call's device time from a graph replay (frames will be replays)
 
 
 @dataclass(frozen=True)
