@@ -1,28 +1,35 @@
 """The docs say what the code does: every config key with its default in docs/config.md, every
-results column and the schema versions in results/SCHEMA.md, and no doc or test citing a path
-outside the repository (it exists on one machine only). Each failure names what is missing."""
+results column (its type, units and meaning: the code's, and what the files carry), every file
+attribute and the schema versions in results/SCHEMA.md, and no doc or test citing a path outside
+the repository (it exists on one machine only). Each failure names what is missing."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import re
 from typing import Any, get_args, get_origin, get_type_hints
 
+import h5py
 import yaml
 
 from hpc.agent.config import AgentConfig
 from hpc.config import EvalConfig
 from hpc.policy.config import PolicyModelConfig
-from hpc.results.hdf5 import ADDED_IN, SCHEMA_VERSION
-from hpc.results.record import FIELDS
-from hpc.results.training import STEP_FIELDS, TRAIN_SCHEMA_VERSION, TRAJECTORY_FIELDS
+from hpc.results.columns import KIND_NAMES, kind_of_dtype
+from hpc.results.hdf5 import ADDED_IN, SCHEMA_DOC, SCHEMA_VERSION, ResultWriter, provenance
+from hpc.results.merge import merge_files
+from hpc.results.record import FIELDS, EvalRecord
+from hpc.results.schema import BEGIN, TABLES, with_tables
+from hpc.results.training import (STEP_FIELDS, TRAIN_SCHEMA_VERSION, TRAJECTORY_FIELDS, EvaluationWriter,
+                                  TrainingWriter)
 from hpc.rl.train_config import TrainConfig
 from hpc.synthesis.config import SynthesisConfig
 from tests.conftest import ROOT
 
 CONFIG_DOC = ROOT / "docs" / "config.md"
-SCHEMA_DOC = ROOT / "results" / "SCHEMA.md"
+SCHEMA_DOC_PATH = ROOT / "results" / "SCHEMA.md"
 
 # The configs a user's YAML file sets (`hpc eval --config`, `python -m hpc.agent --config`,
 # `hpc synthesize --config`, a policy model file or the training config's `policy:`,
@@ -163,7 +170,7 @@ def _column_problems(where: str, rows: dict[str, str], columns: list[str], added
 
 
 def test_every_results_column_is_in_schema_md():
-    sections = _sections(SCHEMA_DOC.read_text())
+    sections = _sections(SCHEMA_DOC_PATH.read_text())
     problems = _column_problems("## Fields", _table_rows(sections["Fields"]), [f.name for f in FIELDS], ADDED_IN)
     problems += _column_problems("### Step fields", _table_rows(sections["Step fields (`/train/steps`)"]),
                                  list(STEP_FIELDS), {})
@@ -171,6 +178,79 @@ def test_every_results_column_is_in_schema_md():
                                  _table_rows(sections["Trajectory fields (`/train/trajectories`)"]),
                                  list(TRAJECTORY_FIELDS), {})
     assert not problems, "results/SCHEMA.md does not match the code:\n" + "\n".join(problems)
+
+
+def test_schema_md_column_tables_are_the_codes():
+    """Each table of results/SCHEMA.md's columns is the one generated from the code's columns
+    (hpc.results.columns): a column added, removed or retyped, or its units or meaning changed,
+    without `python -m hpc.results.schema`, fails here with the rows that differ."""
+    text = SCHEMA_DOC_PATH.read_text()
+    expected = with_tables(text)
+    diff = difflib.unified_diff(text.splitlines(), expected.splitlines(), "results/SCHEMA.md", "the code's", n=0,
+                                lineterm="")
+    assert text == expected, "results/SCHEMA.md's column tables are not the code's (run `python -m " \
+                             "hpc.results.schema`):\n" + "\n".join(diff)
+
+
+def _documented_columns(table: str) -> dict[str, tuple[str, str, str]]:
+    """Column name -> (type, units, meaning), from results/SCHEMA.md's table of `table`'s columns."""
+    body = SCHEMA_DOC_PATH.read_text().split(BEGIN.format(table=table), 1)[1]
+    out = {}
+    for line in body.lstrip("\n").splitlines()[2:]:   # after the header and its rule
+        if not line.startswith("|"):
+            break
+        name, tp, units, meaning = (cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1])
+        out[name] = (tp, units, meaning)
+    return out
+
+
+def test_every_column_of_a_written_file_is_as_schema_md_says(tmp_path):
+    """Every dataset a writer makes (records and both training tables) has a row in results/SCHEMA.md
+    with its type, and carries the row's units and meaning as its `units` and `description`
+    attributes; the file names the document (`schema_doc`)."""
+    path = tmp_path / "r.h5"
+    with EvaluationWriter(path) as writer:
+        writer.append(EvalRecord(task_id="level1/x"))
+        writer.append_step({"step": 1, "stage": "sft", "stage_step": 1, "samples": 1})
+        writer.append_trajectories(1, "sft", [{"task_id": "level1/x", "reward": 1.0, "end_reason": "submitted"}])
+    problems = []
+    with h5py.File(path, "r") as f:
+        assert f.attrs["schema_doc"] == SCHEMA_DOC and (ROOT / SCHEMA_DOC).is_file()
+        for table in TABLES:
+            documented = _documented_columns(table)
+            problems += [f"{table}: SCHEMA.md has a row for `{name}`, the file has no such column"
+                         for name in documented if name not in f[table]]
+            for name, ds in f[table].items():
+                if name not in documented:
+                    problems.append(f"{table}/{name}: no row in SCHEMA.md")
+                    continue
+                tp, units, meaning = documented[name]
+                if not tp.startswith(KIND_NAMES[kind_of_dtype(ds.dtype)]):
+                    problems.append(f"{table}/{name}: SCHEMA.md says {tp}, the file holds {ds.dtype}")
+                if ds.attrs.get("units") != units or not meaning.startswith(ds.attrs.get("description", "\0")):
+                    problems.append(f"{table}/{name}: units {ds.attrs.get('units')!r}, description "
+                                    f"{ds.attrs.get('description')!r}; SCHEMA.md: {units!r}, {meaning!r}")
+    assert not problems, "the file and results/SCHEMA.md differ:\n" + "\n".join(problems)
+
+
+def test_every_file_attribute_is_in_schema_md(tmp_path, monkeypatch):
+    """The root attributes of an evaluation's file (under Slurm), a merged one and a training
+    run's are each named in the layout of results/SCHEMA.md."""
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_CLUSTER_NAME"):
+        monkeypatch.setenv(key, "1")
+    shard, merged, train = tmp_path / "shard.h5", tmp_path / "merged.h5", tmp_path / "train.h5"
+    with ResultWriter(shard, provenance({})) as writer:
+        writer.append(EvalRecord(task_id="level1/x"))
+    merge_files([shard], merged)
+    with TrainingWriter(train) as writer:
+        writer.append_step({"step": 1, "stage": "sft", "stage_step": 1, "samples": 1})
+    names = set()
+    for path in (shard, merged, train):
+        with h5py.File(path, "r") as f:
+            names |= set(f.attrs)
+    layout = _sections(SCHEMA_DOC_PATH.read_text())["Layout"]
+    missing = sorted(name for name in names if not re.search(rf"\b{name}\b", layout))
+    assert not missing, f"results/SCHEMA.md's layout does not name the file attributes {missing}"
 
 
 def _version_problems(where: str, text: str, version: int, constant: str) -> list[str]:
@@ -186,7 +266,7 @@ def _version_problems(where: str, text: str, version: int, constant: str) -> lis
 
 
 def test_schema_md_states_the_versions_the_code_writes():
-    text = SCHEMA_DOC.read_text()
+    text = SCHEMA_DOC_PATH.read_text()
     title = re.match(r"# .*\(version (\d+)\)", text)
     problems = [] if title and int(title.group(1)) == SCHEMA_VERSION else [
         f"title: `(version {title.group(1) if title else '?'})`, the code writes {SCHEMA_VERSION}"]
@@ -199,7 +279,7 @@ def test_schema_md_states_the_versions_the_code_writes():
 
 
 # Files that cite paths: the docs, the READMEs a reader starts from, the schema, and the tests.
-CITING = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", SCHEMA_DOC, ROOT / "jobs" / "README.md",
+CITING = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", SCHEMA_DOC_PATH, ROOT / "jobs" / "README.md",
           *sorted((ROOT / "tests").glob("*.py"))]
 # A checkout's or a person's folder, a data disk, or a sibling of the repository reached by
 # climbing out of it: none of them is there in another clone. System paths (/usr, /tmp, /proc,

@@ -1,4 +1,5 @@
-"""The HDF5 schema: round trip, crash safety (a killed writer), live SWMR reads, bad files."""
+"""The HDF5 schema: round trip, crash safety (a killed writer), live SWMR reads, bad files, and the
+units and meaning every column carries."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import pytest
 
 from hpc.config import BACKENDS
 from hpc.errors import UserError
+from hpc.results.columns import Column, columns_of
 from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
-from hpc.results.record import STAGES, EvalRecord
+from hpc.results.record import COLUMNS, STAGES, EvalRecord
+from hpc.results.training import STEP_COLUMNS, TRAJECTORY_COLUMNS, EvaluationWriter
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -229,3 +232,52 @@ def test_a_value_outside_its_vocabulary_is_refused_when_made_written_or_read(tmp
         f[f"records/{field}"][0] = value.encode()
     with pytest.raises(UserError, match=f"malformed, row 0: record {field}: expected one of"):
         read_records(path)
+
+
+def _described(path, tables: dict[str, tuple[Column, ...]]) -> list[str]:
+    """The columns of `tables` in the file whose `units` and `description` are not the code's."""
+    with h5py.File(path, "r") as f:
+        return [f"{table}/{c.name}" for table, columns in tables.items() for c in columns
+                if (f[table][c.name].attrs.get("units"), f[table][c.name].attrs.get("description"))
+                != (c.units, c.description)]
+
+
+def test_every_column_carries_its_units_and_meaning_and_a_file_without_them_gets_them_from_its_next_writer(
+        tmp_path):
+    """A writer describes every column of its tables (hpc.results.columns) and names the schema's
+    document; a file written before that (no attributes) reads as before, and its next writer
+    adds them and appends."""
+    path = tmp_path / "r.h5"
+    tables = {"records": COLUMNS, "train/steps": STEP_COLUMNS, "train/trajectories": TRAJECTORY_COLUMNS}
+    with EvaluationWriter(path) as w:
+        w.append(EvalRecord(task_id="a"))
+        w.append_step({"step": 1, "stage": "sft", "stage_step": 1, "samples": 1})
+    assert _described(path, tables) == [] and file_attrs(path)["schema_doc"] == "results/SCHEMA.md"
+    with h5py.File(path, "a") as f:   # as written before 2026-12-03
+        del f.attrs["schema_doc"]
+        for table in tables:
+            for ds in f[table].values():
+                for key in list(ds.attrs):
+                    del ds.attrs[key]
+    assert len(_described(path, tables)) == sum(map(len, tables.values()))
+    assert [r.task_id for r in read_records(path)] == ["a"]
+    with EvaluationWriter(path) as w:
+        w.append(EvalRecord(task_id="b"))
+    assert _described(path, tables) == [] and file_attrs(path)["schema_doc"] == "results/SCHEMA.md"
+    assert [r.task_id for r in read_records(path)] == ["a", "b"]
+
+
+def test_every_column_is_described_in_ascii_with_known_units():
+    """Descriptions in ASCII (HDF5 1.10's h5dump prints other bytes as octal escapes), none empty,
+    and every column declared with `column` (a field without it fails at import)."""
+    units = {"", "1", "s", "ms", "bytes", "FLOP", "tokens", "tokens/s", "nat/token"}
+    for c in (*COLUMNS, *STEP_COLUMNS, *TRAJECTORY_COLUMNS):
+        assert c.description and c.description.isascii(), c
+        assert c.units in units, c
+
+    @dataclasses.dataclass
+    class Undescribed:
+        x: int = 0
+
+    with pytest.raises(TypeError, match=r"Undescribed.x: declare it with hpc.results.columns.column"):
+        columns_of(Undescribed)

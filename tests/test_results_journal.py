@@ -15,8 +15,8 @@ import pytest
 
 from hpc.errors import UserError
 from hpc.results.hdf5 import JOURNAL_ID, RecordStore, ResultWriter, read_records, repair
-from hpc.results.journal import journal_path, read_entries
-from hpc.results.record import EvalRecord
+from hpc.results.journal import journal_path, read_entries, write_new
+from hpc.results.record import COLUMNS, EvalRecord
 from hpc.results.training import TRAIN_SCHEMA_VERSION, TrainingWriter, read_steps, read_trajectories
 from tests.conftest import ROOT
 
@@ -47,6 +47,25 @@ def test_a_file_cut_in_half_is_rebuilt_from_its_journal(tmp_path):
         w.append(rec("d"))
     assert ids(path) == ["a", "b", "c", "d"]
     assert read_records(path)[0].reason == "r" * 3000
+    with h5py.File(path, "r") as f:   # the columns' units and meanings are journaled with the layout
+        assert {(c.name, c.units, c.description) for c in COLUMNS} == \
+            {(name, ds.attrs["units"], ds.attrs["description"]) for name, ds in f["records"].items()}
+
+
+def test_a_journal_from_before_column_attributes_rebuilds_the_file_and_the_next_writer_adds_them(tmp_path):
+    path = tmp_path / "r.h5"
+    write(path, "a", "b")
+    entries, _ = read_entries(journal_path(path))
+    for entry in entries:
+        entry.pop("column_attrs", None)
+    write_new(journal_path(path), entries[:-1])   # not closed: the file is rebuilt from it
+    assert repair(path).startswith(f"{path}: rebuilt from its journal")
+    with h5py.File(path, "r") as f:
+        assert not any(ds.attrs for ds in f["records"].values())
+    write(path, "c")
+    assert ids(path) == ["a", "b", "c"]
+    with h5py.File(path, "r") as f:
+        assert all(ds.attrs["description"] for ds in f["records"].values())
 
 
 def test_a_torn_journal_tail_is_cut_and_the_rows_before_it_kept(tmp_path):
@@ -110,6 +129,8 @@ def test_training_tables_and_their_truncation_are_rebuilt(tmp_path):
     assert [t["reward"] for t in read_trajectories(path)] == [1.0, 2.0]
     with h5py.File(path, "r") as f:
         assert f["train"].attrs["schema_version"] == TRAIN_SCHEMA_VERSION and f["train/steps"]["step"].shape == (3,)
+        assert f["train/steps/sft_loss"].attrs["units"] == "nat/token"
+        assert f["train/trajectories/reward"].attrs["description"] == "its reward (NaN when none)"
 
 
 def test_text_hdf5_refuses_is_a_value_error_before_anything_is_journaled(tmp_path):

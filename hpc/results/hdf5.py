@@ -3,8 +3,11 @@
 Layout: group /records holds one resizable 1-D dataset per EvalRecord field (columnar, so an
 analysis job reads a column without touching the rest) and the attribute `count`, the number of
 complete records. Appending extends every column, writes the row, then bumps `count` and
-flushes: a reader trusts only the first `count` rows. The file is opened with the latest format
-in SWMR mode, so a live reader can follow a running evaluation (results/SCHEMA.md says how).
+flushes: a reader trusts only the first `count` rows. The file is written in HDF5 1.10's format
+(LIBVER) in SWMR mode, so a live reader can follow a running evaluation (results/SCHEMA.md says
+how) and HDF5 1.10 and later tools open it. The file describes itself: every column carries its
+units and meaning (hpc.results.columns), and the root attribute `schema_doc` names the document of
+the schema, results/SCHEMA.md.
 
 Training metrics (hpc.results.training) are tables of the same kind (a group of columns and a
 `count`) and may share the file: the writer below (AppendingFile: its append_rows and
@@ -33,7 +36,6 @@ import json
 import logging
 import os
 import time
-import typing
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,20 +45,20 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError, os_reason, shown
+from hpc.results.columns import KINDS, column_dtype, describe, kind_of_dtype
 from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
-from hpc.results.record import FIELDS, EvalRecord, record_key
+from hpc.results.record import COLUMNS, FIELDS, EvalRecord, record_key
 
 SCHEMA_VERSION = 5
 # columns newer than version 1: older files read them as defaults (version 3 also dropped
 # candidate_host_ms and host_check_ms, which the in-process clock measured)
-ADDED_IN = {"stage_seconds": 2, "overhead_ms": 3, "conditions": 4}
+ADDED_IN = {c.name: c.added_in for c in COLUMNS if c.added_in > 1}
 # columns renamed since version 1: name -> (its name before, the version that renamed it); an older
 # file's column is read under the new name
 RENAMED_IN = {"rules": ("policy", 5)}
 GROUP = "records"
 JOURNAL_ID = "journal_id"   # root attribute: the journal this file belongs to
-_STR = h5py.string_dtype("utf-8")
-_FLOATS = h5py.vlen_dtype(np.float64)
+SCHEMA_DOC = "results/SCHEMA.md"   # root attribute `schema_doc`: where the schema is documented (in the hpc repository)
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -66,28 +68,15 @@ log = logging.getLogger(__name__)
 LIBVER = ("v110", "v110")
 
 
-def column_dtype(tp) -> object:
-    """The HDF5 dtype of a column of Python type `tp` (a type or its name)."""
-    tp = typing.get_origin(tp) or tp
-    if tp is bool or tp == "bool":
-        return np.bool_
-    if tp is int or tp == "int":
-        return np.int64
-    if tp is float or tp == "float":
-        return np.float64
-    if tp is list or str(tp).startswith("list"):
-        return _FLOATS
-    return _STR
-
-
 class AppendingFile:
     """The one writer of a results file, whichever of its tables it appends to. It holds the writer
     lock for its lifetime, brings the file and its journal to one state (rebuilding the file when
-    its last writer did not close it), opens it, lets the subclass lay out or check its tables
-    (`_prepare`), sets `attrs` on the file, journals the layout and switches to SWMR mode, after
-    which no table can be created: so a subclass creates all of its own up front. Every change goes
-    through `append_rows` and `truncate_rows`, journal first. A failed write (a full disk) is a
-    UserError, and the writer takes no more: the next one rebuilds the file from the journal."""
+    its last writer did not close it), opens it, lets the subclass lay out or check its tables and
+    describe their columns (`_prepare`), sets `attrs` and `schema_doc` on the file, journals the
+    layout and switches to SWMR mode, after which no table, column or attribute can be created: so
+    a subclass creates all of its own up front. Every change goes through `append_rows` and
+    `truncate_rows`, journal first. A failed write (a full disk) is a UserError, and the writer
+    takes no more: the next one rebuilds the file from the journal."""
 
     def __init__(self, path: str | os.PathLike, attrs: dict[str, str] | None = None):
         self.path = Path(path)
@@ -107,7 +96,7 @@ class AppendingFile:
         try:
             self._prepare()
             with self._writing():
-                for key, value in (attrs or {}).items():
+                for key, value in {**(attrs or {}), "schema_doc": SCHEMA_DOC}.items():
                     if key != JOURNAL_ID:
                         self.file.attrs[key] = value
                 self._journal.append(_layout(self.file))
@@ -117,7 +106,8 @@ class AppendingFile:
             raise
 
     def _prepare(self) -> None:
-        """Create this writer's tables in the file, or check the ones there (UserError when unfit)."""
+        """Create this writer's tables in the file, or check the ones there (UserError when unfit),
+        and describe their columns (hpc.results.columns.describe)."""
         raise NotImplementedError
 
     def append_rows(self, group: h5py.Group, columns: dict[str, list]) -> None:
@@ -193,6 +183,7 @@ class ResultWriter(AppendingFile):
         else:
             _check_appendable(self.file, self.path)
         self.group = self.file[GROUP]
+        describe(self.group, COLUMNS)
 
     def append(self, record: EvalRecord) -> None:
         """One record; text fields as valid UTF-8 without NUL (HDF5 refuses others, and a candidate's
@@ -238,8 +229,8 @@ class RecordStore:
 
 def _create_layout(f: h5py.File) -> None:
     group = f.create_group(GROUP)
-    for fd in FIELDS:
-        group.create_dataset(fd.name, shape=(0,), maxshape=(None,), dtype=column_dtype(fd.type), chunks=(64,))
+    for c in COLUMNS:
+        group.create_dataset(c.name, shape=(0,), maxshape=(None,), dtype=column_dtype(c.type), chunks=(64,))
     group.attrs["count"] = 0
     f.attrs["schema_version"] = SCHEMA_VERSION
     f.attrs["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -252,23 +243,9 @@ def _check_appendable(f: h5py.File, path: Path) -> None:
                         f"{f.attrs.get('schema_version')}; new results go to a new file")
 
 
-KINDS = {"bool": np.bool_, "int": np.int64, "float": np.float64, "floats": _FLOATS, "str": _STR}
-
-
-def _kind(dtype: np.dtype) -> str:
-    """A column's dtype by its name in KINDS (as the journal names it)."""
-    if h5py.check_vlen_dtype(dtype) == np.float64:
-        return "floats"
-    if h5py.check_string_dtype(dtype) is not None:
-        return "str"
-    if dtype == np.bool_:
-        return "bool"
-    return "int" if np.issubdtype(dtype, np.integer) else "float"
-
-
 def _column_info(group: h5py.Group) -> dict[str, tuple[h5py.Dataset, str, np.dtype]]:
     """A table's columns: each one's dataset, kind and dtype."""
-    return {name: (ds, _kind(ds.dtype), ds.dtype) for name, ds in group.items()}
+    return {name: (ds, kind_of_dtype(ds.dtype), ds.dtype) for name, ds in group.items()}
 
 
 def _cells(name: str, kind: str, dtype: np.dtype, values) -> list:
@@ -314,17 +291,19 @@ def _cut(group: h5py.Group, keep: int) -> None:
 
 def _layout(f: h5py.File) -> dict:
     """The journal entry of a file's layout: every group's attributes (a table's `count` aside: the
-    rows entries say it) and every table's columns by kind."""
-    attrs, tables = {"/": dict(f.attrs)}, {}
+    rows entries say it), every table's columns by kind and the columns' attributes (their units
+    and meaning)."""
+    attrs, tables, column_attrs = {"/": dict(f.attrs)}, {}, {}
 
     def visit(name: str, obj) -> None:
         if isinstance(obj, h5py.Group):
             attrs[obj.name] = {k: v for k, v in obj.attrs.items() if k != "count"}
             if "count" in obj.attrs:
-                tables[obj.name] = {column: _kind(ds.dtype) for column, ds in obj.items()}
+                tables[obj.name] = {column: kind_of_dtype(ds.dtype) for column, ds in obj.items()}
+                column_attrs[obj.name] = {column: dict(ds.attrs) for column, ds in obj.items() if ds.attrs}
 
     f.visititems(visit)
-    return {"op": "layout", "attrs": attrs, "tables": tables}
+    return {"op": "layout", "attrs": attrs, "tables": tables, "column_attrs": column_attrs}
 
 
 def _replay(entries: list[dict], out: h5py.File) -> None:
@@ -348,6 +327,10 @@ def _replay(entries: list[dict], out: h5py.File) -> None:
                                                   chunks=(64,))
                         if kind == "float" and n:
                             ds[:] = np.full(n, np.nan)
+            for name, columns in entry.get("column_attrs", {}).items():   # journals before them had none
+                for column, attrs in columns.items():
+                    for key, value in attrs.items():
+                        out[name][column].attrs[key] = value
         elif op == "rows":
             table = out[entry["table"]]
             _write_rows(table, _column_info(table), entry["at"], entry["n"], entry["columns"])
@@ -463,7 +446,7 @@ def _snapshot(path: Path) -> list[dict]:
                 columns, n = complete_rows(group)
                 if n:
                     entries.append({"op": "rows", "table": group.name, "at": 0, "n": n,
-                                    "columns": {c: _cells(c, _kind(group[c].dtype), group[c].dtype, v)
+                                    "columns": {c: _cells(c, kind_of_dtype(group[c].dtype), group[c].dtype, v)
                                                 for c, v in columns.items()}})
         except OSError as e:
             raise damaged(e) from None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from hpc.config import BACKENDS
+from hpc.results.columns import column, columns_of
 
 # ok; failed: the candidate's fault (paid the incorrect reward); error: the harness's or the task's
 Status = Literal["ok", "failed", "error"]
@@ -18,59 +19,96 @@ STAGES: tuple[Stage, ...] = get_args(Stage)
 
 @dataclass
 class EvalRecord:
+    """One row of /records; each field is a column, with its units and meaning (results/SCHEMA.md's
+    table of fields is generated from them)."""
+
     # what was evaluated
-    task_id: str = ""
-    task_level: int = 0
-    task_sha256: str = ""
-    scale: str = ""
-    candidate_sha256: str = ""
-    candidate_kind: str = ""
-    candidate_path: str = ""
-    candidate_source: str = ""
-    backend: str = ""             # one of hpc.config.BACKENDS; "" when never known (a request the pool gave up on)
-    hardware: str = ""
-    versions: str = ""            # JSON
-    rules: str = ""               # JSON: the op and library rules in force (config `rules`)
-    config: str = ""              # JSON: the full evaluation config
-    isolation: str = ""           # JSON: sandbox features that were in force
+    task_id: str = column("", "", "`level<N>/<file stem>`")
+    task_level: int = column(0, "", "N from the task's `levelN` folder, 0 if none")
+    task_sha256: str = column("", "", "SHA-256 of the task's problem file")
+    scale: str = column("", "", "the task's input sizes: `cpu` or `gpu`")
+    candidate_sha256: str = column("", "", "SHA-256 over the candidate's files (names and contents)")
+    candidate_kind: str = column("", "", "`single_file` or `workdir`")
+    candidate_path: str = column("", "", "where the candidate was read from; for a sample of a policy evaluation "
+                                         "`policy:<checkpoint dir>#<task id>/<k>` (see Policy evaluations)")
+    candidate_source: str = column("", "", "every file of the candidate, concatenated with `// ===== name =====` "
+                                           "headers")
+    backend: str = column("", "", "`cpu` or `cuda` (hpc.config.BACKENDS); empty when never known (a request the "
+                                  "reward pool gave up on)")
+    hardware: str = column("", "", "CPU model and count, or GPU name and memory")
+    versions: str = column("", "", "hpc, torch, python and cuda versions", json=True)
+    rules: str = column("", "", "the op and library rules in force (the evaluation config's `rules`; the column "
+                                "was `policy` before version 5)", json=True)
+    config: str = column("", "", "the whole evaluation config", json=True)
+    isolation: str = column("", "", "sandbox features in force (Landlock ABI, network namespace)", json=True)
     # outcome per stage
-    status: Status = "ok"
-    failed_stage: Stage | Literal[""] = ""   # "" when none failed
-    reason: str = ""
-    compiled: bool = False
-    compile_seconds: float = math.nan
-    compile_cached: bool = False
-    compile_log: str = ""
-    correct: bool = False
-    trials: int = 0
-    seeds: str = ""               # JSON: correctness seeds and distributions, timing seed
-    max_abs_error: float = math.nan
-    max_rel_error: float = math.nan
-    timed_checks: int = 0
-    # timing (milliseconds)
-    candidate_ms: float = math.nan
-    candidate_iqr_ms: float = math.nan
-    candidate_cv: float = math.nan
-    candidate_noise: float = math.nan
-    overhead_ms: float = math.nan       # the handshake's fixed cost, taken off every call's outside-clock time
-    flops: float = math.nan
-    min_bytes: float = math.nan
-    floor_ms: float = math.nan         # max(flops / peak, min_bytes / bandwidth); NaN when no ceilings
-    eager_ms: float = math.nan
-    eager_cv: float = math.nan
-    compile_ms: float = math.nan
-    compile_cv: float = math.nan
-    baseline_cached: bool = False
-    conditions: str = ""          # JSON {candidate | eager | compile:<mode>: when, load, evaluations beside, GPU}
-    speedup_eager: float = math.nan
-    speedup_compile: float = math.nan
-    reward: float = math.nan
-    reward_kind: str = ""
-    candidate_times_ms: list[float] = field(default_factory=list)
-    timestamp: float = 0.0
-    wall_seconds: float = 0.0
-    stage_seconds: str = ""       # JSON {stage: seconds}: compile, load, correctness, timing, baseline...
-                                  # and the device lock's lock_wait_shared, lock_wait_exclusive, lock_held_exclusive
+    status: Status = column("ok", "", "`ok`; `failed` (the candidate's fault, reward -1); `error` (the task's or "
+                                      "the harness's fault, no reward)")
+    failed_stage: Stage | Literal[""] = column("", "", "the stage that failed: `static`, `compile`, `load`, "
+                                                       "`correctness`, `timing`, `baseline`, `pool` (the reward pool "
+                                                       "gave up on the request: worker rank lost or request timed "
+                                                       "out); empty when none failed")
+    reason: str = column("", "", "one line: compiler error, mismatch statistics, a broken rule (`rules: ...`), "
+                                 "crash signal, timeout...")
+    compiled: bool = column(False, "", "kernels built (workdir) or extension loaded (single file)")
+    compile_seconds: float = column(math.nan, "s", "native compile wall time (NaN for single files)")
+    compile_cached: bool = column(False, "", "the compile was served from the content-hash cache")
+    compile_log: str = column("", "", "the last 4000 characters of the compiler's output")
+    correct: bool = column(False, "", "all correctness trials and timed-output checks passed")
+    trials: int = column(0, "1", "correctness trials run (they stop at the first failure)")
+    seeds: str = column("", "", "the init seed, each trial's seed and input distribution, each timing call's seed, "
+                                "the checked timed calls (written when the evaluation has ended: no seed but the init "
+                                "seed is known to the candidate before its call)", json=True)
+    max_abs_error: float = column(math.nan, "", "the worst absolute error of an output over the trials (in the "
+                                                "output's own units)")
+    max_rel_error: float = column(math.nan, "1", "the worst relative error of an output over the trials")
+    timed_checks: int = column(0, "1", "timed calls whose outputs were copied out and checked against the reference")
+    # timing
+    candidate_ms: float = column(math.nan, "ms", "median time per call, on a clock outside the candidate's process, "
+                                                 "less `overhead_ms`")
+    candidate_iqr_ms: float = column(math.nan, "ms", "interquartile range of the candidate's times per call")
+    candidate_cv: float = column(math.nan, "1", "coefficient of variation (std / mean) of the candidate's times")
+    candidate_noise: float = column(math.nan, "1", "relative standard error of the candidate's median")
+    overhead_ms: float = column(math.nan, "ms", "the handshake's fixed cost taken off every call: the median of an "
+                                                "empty program's calls, timed the same way in the baselines' trusted "
+                                                "worker in the same window (before 2026-12-02: in the candidate's "
+                                                "worker before its code was loaded); 0 when taking it off would leave "
+                                                "the candidate's median below `floor_ms` or below the handshake's own "
+                                                "noise (its IQR, at least a tenth of it): the outside-clock times are "
+                                                "then the figures", added_in=3)
+    flops: float = column(math.nan, "FLOP", "matmul/conv-family floating-point operations of one reference call "
+                                            "(torch's FLOP counter)")
+    min_bytes: float = column(math.nan, "bytes", "bytes any implementation must move: inputs, parameters and outputs "
+                                                 "once each")
+    floor_ms: float = column(math.nan, "ms", "max(flops / peak, min_bytes / bandwidth) from the config's ceilings; NaN "
+                                             "where none are set. A candidate whose outside-clock time is below it is "
+                                             "rejected as implausible")
+    eager_ms: float = column(math.nan, "ms", "median time per call of the eager PyTorch reference, timed under the "
+                                             "same protocol")
+    eager_cv: float = column(math.nan, "1", "coefficient of variation of the eager reference's times")
+    compile_ms: float = column(math.nan, "ms", "median time per call of the torch.compile'd reference (its fastest "
+                                               "mode), timed under the same protocol")
+    compile_cv: float = column(math.nan, "1", "coefficient of variation of the compiled reference's times")
+    baseline_cached: bool = column(False, "", "the baselines came from a cache; always false since baselines are timed "
+                                              "in every evaluation's own window (2026-12-02)")
+    conditions: str = column("", "", "each timing's provenance, by program (`candidate`, `eager`, `compile:<mode>`): "
+                                     "`at` (UTC), `loadavg_1m`, `beside` (other evaluations running on the device), "
+                                     "and on cuda `sm_clock_mhz`, `mem_clock_mhz`, `temperature_c`, `power_w`; "
+                                     "`timed_by` (`graph replays` or `calls`; from protocol `outside-4`) and, when a "
+                                     "cuda window was timed by calls, `graphs_refused` (why); the same for every "
+                                     "program since they are timed in one window", json=True, added_in=4)
+    speedup_eager: float = column(math.nan, "1", "eager_ms / candidate_ms")
+    speedup_compile: float = column(math.nan, "1", "compile_ms / candidate_ms")
+    reward: float = column(math.nan, "1", "the reward (hpc/reward.py); NaN when status is `error`")
+    reward_kind: str = column("", "", "`discrete` or `continuous`")
+    candidate_times_ms: list[float] = column([], "ms", "every timed call of the candidate")
+    timestamp: float = column(0.0, "s", "Unix time the evaluation started (seconds since 1970-01-01 UTC)")
+    wall_seconds: float = column(0.0, "s", "the whole evaluation's wall time")
+    stage_seconds: str = column("", "s", "wall seconds of each stage the evaluation went through, up to the one that "
+                                         "ended it: `static`, `compile`, `load`, `correctness`, `baseline`, `timing`, "
+                                         "`cost` (counting the task's FLOPs and bytes), `shutdown` (ending the "
+                                         "workers); and the device lock's `lock_wait_shared`, `lock_wait_exclusive`, "
+                                         "`lock_held_exclusive` (hpc/profile/device_lock.py)", json=True, added_in=2)
 
     def __post_init__(self):
         self.validate()
@@ -110,6 +148,7 @@ def _num(x: float):
 
 
 FIELDS = [f for f in dataclasses.fields(EvalRecord)]
+COLUMNS = columns_of(EvalRecord)
 
 
 POLICY_SAMPLE = "policy:"   # candidate_path of one sample of a policy evaluation: policy:<checkpoint>#<task>/<k>

@@ -3,15 +3,16 @@ beside the evaluation records (or without them).
 
 Layout (results/SCHEMA.md): group /train (attributes schema_version, created) holds two tables of
 the hpc.results.hdf5 kind, so the same writer lock, crash recovery and SWMR reads serve them:
-/train/steps, one row per step (STEP_FIELDS), and /train/trajectories, one row per trajectory
-(TRAJECTORY_FIELDS, the whole trajectory as JSON in `data`). Steps strictly increase and the
-trajectories' steps never decrease, so a resumed run cuts both tables after its checkpoint's step
+/train/steps, one row per step (STEP_COLUMNS), and /train/trajectories, one row per trajectory
+(TRAJECTORY_COLUMNS, the whole trajectory as JSON in `data`); each column with its units and
+meaning, which the writer puts on its dataset. Steps strictly increase and the trajectories'
+steps never decrease, so a resumed run cuts both tables after its checkpoint's step
 (truncate_after) and continues without duplicate rows. An evaluation of a policy (hpc.rl.evaluation)
 writes its trajectories to the same table beside its records (EvaluationWriter): no step rows, the
 trajectories' step is the checkpoint's.
 
 A float step column (a metric) that a file lacks reads as NaN, and the file's next writer adds it
-(NaN in the rows already there): a new metric is a new entry of STEP_FIELDS, not a new schema
+(NaN in the rows already there): a new metric is a new entry of STEP_COLUMNS, not a new schema
 version. Files of versions 1 to 3 lack the metrics added before that rule, and are read and
 continued alike.
 """
@@ -29,31 +30,85 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError
-from hpc.results.hdf5 import AppendingFile, ResultWriter, column_dtype, complete_rows, read_retrying, to_python
+from hpc.results.columns import Column, column_dtype, describe
+from hpc.results.hdf5 import AppendingFile, ResultWriter, complete_rows, read_retrying, to_python
 
 TRAIN_GROUP = "train"
 STEPS = "steps"
 TRAJECTORIES = "trajectories"
 TRAIN_SCHEMA_VERSION = 4
 
-# One step row, in column order. Floats are NaN where a stage does not measure them (no KL in SFT).
-STEP_FIELDS: dict[str, type] = {
-    "step": int,                    # global, 1-based, strictly increasing
-    "stage": str,                   # "sft", "ppo_single", "rft", "value", "ppo_multi", ...
-    "stage_step": int,              # 1-based within the stage
-    **{name: float for name in (
-        "reward_mean", "reward_std", "pass_rate", "faster_than_eager_rate", "faster_than_compile_rate",
-        "kl_to_reference", "entropy", "clip_fraction", "approx_kl", "policy_loss", "value_loss", "sft_loss",
-        "explained_variance", "advantage_mean", "response_length_mean", "response_clipped_ratio",
-        "malformed_rate", "turns_mean", "tokens_per_second", "generation_s", "reward_s", "update_s", "step_s",
-        "samples_kept", "optimizer_steps", "update_tokens", "actor_grad_norm", "actor_update_ratio",
-        "critic_grad_norm", "critic_update_ratio")},
-    "samples": int,                 # trajectories (or sequences) the step learned from
-    "timestamp": float,             # Unix time; the time of writing when not given
-}
+# One step row, in column order (results/SCHEMA.md's table of step fields is generated from it).
+# Floats are NaN where a stage does not measure them (no KL in SFT); a metric added after version 1
+# says the /train version that added it, and a file without it reads it as NaN.
+STEP_COLUMNS: tuple[Column, ...] = (
+    Column("step", int, "", "global step, 1-based, strictly increasing over the whole run"),
+    Column("stage", str, "", "the recipe's stage: `sft`, `ppo_single`, `rft`, `value`, `ppo_multi`, ..."),
+    Column("stage_step", int, "", "step within the stage, 1-based"),
+    Column("reward_mean", float, "1", "mean reward of the step's trajectories"),
+    Column("reward_std", float, "1", "standard deviation of the rewards of the step's trajectories"),
+    Column("pass_rate", float, "1", "share of the step's trajectories whose final candidate passed (correct, no "
+                                    "stage failed)"),
+    Column("faster_than_eager_rate", float, "1", "share of the step's trajectories passing and faster than the eager "
+                                                 "baseline by more than the reward margin"),
+    Column("faster_than_compile_rate", float, "1", "share of the step's trajectories passing and faster than the "
+                                                   "compiled baseline by more than the reward margin"),
+    Column("kl_to_reference", float, "nat/token", "KL of the policy to the reference policy, per token"),
+    Column("entropy", float, "nat/token", "policy entropy, per token"),
+    Column("clip_fraction", float, "1", "share of tokens whose probability ratio was clipped"),
+    Column("approx_kl", float, "nat/token", "k3 estimate of KL(old policy, new policy) over the update"),
+    Column("policy_loss", float, "1", "the policy's loss in the step's update"),
+    Column("value_loss", float, "1", "the critic's loss in the step's update"),
+    Column("sft_loss", float, "nat/token", "the supervised (cross-entropy) loss in the step's update"),
+    Column("explained_variance", float, "1", "of the returns by the critic's values"),
+    Column("advantage_mean", float, "1", "mean advantage over response tokens"),
+    Column("response_length_mean", float, "tokens", "generated tokens per trajectory"),
+    Column("response_clipped_ratio", float, "1", "share of trajectories cut at the token limit"),
+    Column("malformed_rate", float, "1", "share of trajectories with an unparseable reply"),
+    Column("turns_mean", float, "1", "agent turns per trajectory"),
+    Column("tokens_per_second", float, "tokens/s", "generated tokens per second of generation"),
+    Column("generation_s", float, "s", "wall time of the step's generation"),
+    Column("reward_s", float, "s", "wall time of the step's rewards (evaluating the candidates)"),
+    Column("update_s", float, "s", "wall time of the step's update"),
+    Column("step_s", float, "s", "wall time of the whole step"),
+    Column("samples_kept", float, "1", "rft steps: the trajectories rejection sampling keeps so far, out of every rft "
+                                       "stage's samples up to this step (reward above the stage's `min_reward`, no "
+                                       "loop, no malformed call, some tokens generated): the data of a later `sft` "
+                                       "stage with `data: rft`"),
+    Column("optimizer_steps", float, "1", "optimizer steps the step took: 1 for sft and value, `rl.ppo_epochs` x "
+                                          "`rl.minibatches` for ppo (the actor's, and as many of the critic's), 0 for "
+                                          "rft and measure", added_in=2),
+    Column("update_tokens", float, "tokens", "tokens (padding excluded) the policy's update passed forward and "
+                                             "backward on the writing trainer rank, summed over its optimizer steps "
+                                             "(the critic's and the reference's passes not counted): the numerator of "
+                                             "the update's tokens/s and MFU", added_in=3),
+    Column("actor_grad_norm", float, "1", "the actor's global gradient norm at each optimizer step, before clipping "
+                                          "to `rl.clip_grad`, averaged over the step's optimizer steps (sft and ppo "
+                                          "steps)", added_in=4),
+    Column("actor_update_ratio", float, "1", "||w_after - w_before|| / ||w_before|| over the actor's fp32 master "
+                                             "weights at each optimizer step, averaged likewise: how far a step moves "
+                                             "the model for its size", added_in=4),
+    Column("critic_grad_norm", float, "1", "the critic's global gradient norm at each optimizer step, before clipping "
+                                           "to `rl.clip_grad`, averaged over the step's optimizer steps (value and "
+                                           "ppo steps with a critic)", added_in=4),
+    Column("critic_update_ratio", float, "1", "||w_after - w_before|| / ||w_before|| over the critic's fp32 master "
+                                              "weights at each optimizer step, averaged likewise", added_in=4),
+    Column("samples", int, "1", "trajectories (or sequences) the step learned from"),
+    Column("timestamp", float, "s", "Unix time (seconds since 1970-01-01 UTC); the time the row was written when not "
+                                    "given"),
+)
+STEP_FIELDS: dict[str, type] = {c.name: c.type for c in STEP_COLUMNS}   # name -> type, as rows are checked
 REQUIRED = tuple(name for name, tp in STEP_FIELDS.items() if tp is not float)
-TRAJECTORY_FIELDS: dict[str, type] = {"step": int, "stage": str, "task_id": str, "reward": float,
-                                      "end_reason": str, "data": str}
+TRAJECTORY_COLUMNS: tuple[Column, ...] = (
+    Column("step", int, "", "the step that generated it"),
+    Column("stage", str, "", "that step's stage"),
+    Column("task_id", str, "", "the task"),
+    Column("reward", float, "1", "its reward (NaN when none)"),
+    Column("end_reason", str, "", "why the episode ended"),
+    Column("data", str, "", "the whole trajectory as given to `append_trajectories` (a JSON object); "
+                            "`read_trajectories` returns it parsed, with the columns above", json=True),
+)
+TRAJECTORY_FIELDS: dict[str, type] = {c.name: c.type for c in TRAJECTORY_COLUMNS}
 TRAJECTORY_KEYS = ("task_id", "reward", "end_reason")   # every trajectory dict has these (and data is all of it)
 
 
@@ -69,6 +124,8 @@ class TrainingWriter(AppendingFile):
             _add_missing_metrics(_train_group(self.file, self.path), self.path)
         self.steps = self.file[TRAIN_GROUP][STEPS]
         self.trajectories = self.file[TRAIN_GROUP][TRAJECTORIES]
+        describe(self.steps, STEP_COLUMNS)
+        describe(self.trajectories, TRAJECTORY_COLUMNS)
         self.last_step = _last_step(self.steps)     # 0 before the first row
         self._last_trajectory_step = _last_step(self.trajectories)
 
@@ -77,7 +134,7 @@ class TrainingWriter(AppendingFile):
         an unknown key a ValueError (a misspelt metric would otherwise vanish)."""
         unknown = unknown_step_metrics(metrics)
         if unknown:
-            raise ValueError(f"append_step: unknown metric {unknown[0]!r} (the columns: STEP_FIELDS in "
+            raise ValueError(f"append_step: unknown metric {unknown[0]!r} (the columns: STEP_COLUMNS in "
                              "hpc/results/training.py)")
         missing = [key for key in REQUIRED if metrics.get(key) is None]
         if missing:
