@@ -27,11 +27,15 @@ import numpy as np
 
 from hpc.candidate import MODEL_FILE
 from hpc.errors import UserError
+from hpc.results.columns import Column, describe
 from hpc.task import Task
 
 FORMAT = "hpc-samples"
 FORMAT_VERSION = 1
-COLUMNS = ("task_id", "sample_id", "code", "files")
+COLUMNS = (Column("task_id", str, "", "the task id as hpc.task forms it (level1/19_ReLU)"),
+           Column("sample_id", str, "", "unique within its task: letters, digits, '.', '_', '-'"),
+           Column("code", str, "", "a KernelBench single file (ModelNew + load_inline), or empty"),
+           Column("files", str, "", "a workdir as {path: text} (model_new.py, kernels/...), or empty", json=True))
 _STR = h5py.string_dtype("utf-8")
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -58,8 +62,9 @@ def write_samples(path: str | Path, samples: list[Sample], model: str = "") -> N
         f.attrs["format_version"] = FORMAT_VERSION
         if model:
             f.attrs["model"] = model
-        for name in COLUMNS:
-            f.create_dataset(name, data=np.array(columns[name], dtype=object), dtype=_STR)
+        for c in COLUMNS:
+            f.create_dataset(c.name, data=np.array(columns[c.name], dtype=object), dtype=_STR)
+        describe(f, COLUMNS)
 
 
 def read_samples(path: str | Path) -> list[Sample]:
@@ -75,7 +80,7 @@ def read_samples(path: str | Path) -> list[Sample]:
             raise UserError(f"{where}: not a samples file (attribute format is not {FORMAT!r})")
         if f.attrs.get("format_version") != FORMAT_VERSION:
             raise UserError(f"{where}: format_version {f.attrs.get('format_version')} is not {FORMAT_VERSION}")
-        columns = {name: _column(f, name, where) for name in COLUMNS if name != "files" or name in f}
+        columns = {c.name: _column(f, c.name, where) for c in COLUMNS if c.name != "files" or c.name in f}
     rows = len(columns["task_id"])
     for name, values in columns.items():
         if len(values) != rows:

@@ -110,3 +110,34 @@ def test_the_documented_pandas_one_liner_loads_a_results_file(tmp_path, monkeypa
     assert df.correct.tolist() == [True, False] and df.task_level.tolist() == [1, 0]
     assert df.reward[0] == 3.0 and math.isnan(df.reward[1])
     assert df.candidate_times_ms[0].tolist() == [1.5, 2.5] and df.candidate_times_ms[1].tolist() == []
+
+
+def _undescribed(path: Path) -> list[str]:
+    """Every dataset of the file at `path` without a non-empty description or without units."""
+    missing: list[str] = []
+
+    def visit(name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset) and (not obj.attrs.get("description") or "units" not in obj.attrs):
+            missing.append(name)
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return missing
+
+
+def test_every_dataset_of_every_kind_of_file_says_what_it_holds_and_in_what_units(tmp_path):
+    """Results, training, samples and synthesis manifest files: each dataset has `description` and
+    `units` (one line a reader sees in h5dump or h5py, without the docs)."""
+    from hpc.synthesis.manifest import write_manifest
+
+    train = tmp_path / "train.h5"
+    with TrainingWriter(train) as writer:
+        writer.append_step({"step": 1, "stage": "sft", "stage_step": 1, "samples": 2, "sft_loss": 0.5})
+    samples = tmp_path / "samples.h5"
+    write_samples(samples, [Sample("level1/x", "s0", code="print(1)")])
+    record = {"index": 0, "task_id": "level1/0_relu", "stem": "0_relu", "level": 1, "accepted": True, "filter": "",
+              "reason": "", "ops": ["F.relu"], "data_source": "hpc-synthesis", "code": "print(1)", "ast_hash": "ab",
+              "signature": {"inputs": []}, "eager_ms": 1.5, "seconds": {"load": 0.1}, "ran": ["load"]}
+    write_manifest(tmp_path, [record], ("load",), {"seed": 0}, {})
+    for path in (_results_file(tmp_path / "r.h5"), train, samples, tmp_path / "manifest.h5"):
+        assert _undescribed(path) == [], path.name

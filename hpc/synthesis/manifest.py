@@ -24,15 +24,37 @@ import h5py
 import numpy as np
 
 from hpc.errors import UserError
+from hpc.results.columns import Column, column_dtype, describe
 
 FORMAT = "hpc-synthesis-manifest"
 FORMAT_VERSION = 1
 _STR = h5py.string_dtype("utf-8")
-# candidates group: column -> dtype (JSON-encoded lists and dicts are strings)
-COLUMNS = {"index": np.int64, "task_id": _STR, "stem": _STR, "level": np.int64, "accepted": np.bool_,
-           "filter": _STR, "reason": _STR, "ops": _STR, "data_source": _STR, "code": _STR, "ast_hash": _STR,
-           "signature": _STR, "eager_ms": np.float64, "seconds": _STR, "ran": _STR}
-_JSON_COLUMNS = ("ops", "signature", "seconds", "ran")
+# the candidates group's columns, one row per candidate (JSON-encoded lists and dicts are strings)
+CANDIDATE_COLUMNS = (
+    Column("index", int, "1", "the candidate's index in the run"),
+    Column("task_id", str, "", "the task id it would have (levelN/<stem>)"),
+    Column("stem", str, "", "its file name without .py"),
+    Column("level", int, "1", "its KernelBench level (1: one operator, 2: a fused sequence)"),
+    Column("accepted", bool, "", "it passed every filter"),
+    Column("filter", str, "", "the filter that rejected it; empty when accepted"),
+    Column("reason", str, "", "why that filter rejected it"),
+    Column("ops", str, "", "the torch APIs it composes, in order", json=True),
+    Column("data_source", str, "", "where it came from: hpc-synthesis, or an imported row's source"),
+    Column("code", str, "", "the KernelBench problem file"),
+    Column("ast_hash", str, "", "a hash of its syntax tree (duplicates share it)"),
+    Column("signature", str, "", "its inputs' and outputs' shapes and dtypes", json=True),
+    Column("eager_ms", float, "ms", "eager PyTorch's time per call at the run's scale; NaN where not timed"),
+    Column("seconds", str, "", "seconds each filter took on it, by filter", json=True),
+    Column("ran", str, "", "the filters it went through, in order", json=True))
+COLUMNS = {c.name: column_dtype(c.type) for c in CANDIDATE_COLUMNS}
+_JSON_COLUMNS = tuple(c.name for c in CANDIDATE_COLUMNS if c.json)
+# the filters group's columns, one row per filter in chain order
+FILTER_COLUMNS = (
+    Column("name", str, "", "the filter"),
+    Column("entered", int, "1", "candidates it ran on"),
+    Column("rejected", int, "1", "candidates it rejected"),
+    Column("passed", int, "1", "candidates it passed"),
+    Column("seconds", float, "s", "its time over every candidate it ran on"))
 
 
 @dataclass
@@ -100,12 +122,14 @@ def write_manifest(folder: Path, records: list[dict], filters: tuple[str, ...], 
         for name, dtype in COLUMNS.items():
             values = [json.dumps(r[name]) if name in _JSON_COLUMNS else r[name] for r in records]
             group.create_dataset(name, data=np.array(values, dtype=dtype), dtype=dtype)
+        describe(group, CANDIDATE_COLUMNS)
         fgroup = f.create_group("filters")
         rows = filter_stats(records, filters)
         fgroup.create_dataset("name", data=np.array([s.name for s in rows], dtype=_STR), dtype=_STR)
         for key in ("entered", "rejected", "passed"):
             fgroup.create_dataset(key, data=np.array([getattr(s, key) for s in rows], dtype=np.int64))
         fgroup.create_dataset("seconds", data=np.array([s.seconds for s in rows], dtype=np.float64))
+        describe(fgroup, FILTER_COLUMNS)
     return stats
 
 
