@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 def test_the_all_reduce_overlaps_the_backward_over_nccl(tmp_path):
     pytest.importorskip("megatron.core", reason="needs megatron-core (carried as a wheel to the GPU machine)")
     from hpc.policy.parallel import run_local
-    from tests.test_rl_optimizer import overlap_worker, check_overlapped_reduce
+    from tests.test_rl_optimizer import check_overlapped_reduce, overlap_worker
 
     run_local(overlap_worker, 2, tmp_path, 1)
     # GPU kernels need not add in the same order run to run: the two runs' gradients may differ
