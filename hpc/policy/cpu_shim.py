@@ -29,9 +29,9 @@ clip_grads asserts it). It is a no-op unless `apply()` is in force.
 
 On a machine with CUDA `apply()` changes nothing. `init_parallel` applies it and `teardown`
 removes it (`restore()`), so the rest of a process (other tests, the evaluator) sees torch as
-it was. What it does not cover (megatron's pipeline schedules, DDP and distributed optimizer,
-fused kernels, sequence parallel, the interleaved schedule) is listed in docs/policy.md; the
-policy code keeps away from those on CPU.
+it was. What it does not cover (megatron's distributed optimizer, fused kernels, sequence
+parallel, the interleaved schedule) is listed in docs/policy.md; the policy code keeps away from
+those on CPU.
 """
 
 from __future__ import annotations
