@@ -24,11 +24,13 @@ FUSIONS = ("auto", "on", "off")
 
 @dataclass
 class ParallelSizes:
-    """Model-parallel sizes; data parallel is whatever the world size leaves over."""
+    """Model-parallel sizes (data parallel is whatever the world size leaves over), and how
+    a training step uses them."""
 
     tensor: int = 1
     pipeline: int = 1
-    microbatches: int = 0      # a training step's parts through the pipeline schedule; 0: one per stage
+    microbatches: int = 0      # a training step's parts (pipeline schedule or gradient accumulation); 0: one per stage
+    overlap_grad_reduce: bool = True   # the data-parallel gradient all-reduce during the backward pass
 
 
 @dataclass

@@ -15,9 +15,10 @@ CUDA each of these raises. `apply()` redirects exactly those calls to the CPU:
   `Tensor.cuda` returning the tensor itself;
 - the causal mask megatron's DotProductAttention builds when given no mask (`forward_mask`
   gives none for a right-padded batch) is built on the CPU rather than on "cuda";
-- megatron's non-interleaved pipeline schedule (the trainer's under pipeline parallelism)
-  allocates its token counter with `device="cuda"`: while it runs, `torch.zeros` puts a
-  tensor asked for on "cuda" on the CPU.
+- megatron's non-interleaved pipeline schedule (the trainer's under pipeline parallelism) and
+  its no-pipelining schedule (the trainer's gradient accumulation at one stage) allocate their
+  token counter with `device="cuda"`: while they run, `torch.zeros` puts a tensor asked for on
+  "cuda" on the CPU.
 
 megatron's DistributedDataParallel and optimizer (the trainer's, `hpc.policy.optimizer`) need
 two more, and only while they build and step: `megatron_on_cpu()` is a TorchFunctionMode under
@@ -28,9 +29,9 @@ clip_grads asserts it). It is a no-op unless `apply()` is in force.
 
 On a machine with CUDA `apply()` changes nothing. `init_parallel` applies it and `teardown`
 removes it (`restore()`), so the rest of a process (other tests, the evaluator) sees torch as
-it was. What it does not cover (megatron's pipeline schedules, DDP and distributed optimizer,
-fused kernels, sequence parallel, the interleaved schedule) is listed in docs/policy.md; the
-policy code keeps away from those on CPU.
+it was. What it does not cover (megatron's distributed optimizer, fused kernels, sequence
+parallel, the interleaved schedule) is listed in docs/policy.md; the policy code keeps away from
+those on CPU.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def apply() -> bool:
         (fused_softmax, "get_default_causal_mask"): _default_causal_mask,
         (schedules, "forward_backward_pipelining_without_interleaving"):
             _zeros_on_cpu(schedules.forward_backward_pipelining_without_interleaving),
+        (schedules, "forward_backward_no_pipelining"): _zeros_on_cpu(schedules.forward_backward_no_pipelining),
     }
     for (owner, name), value in patches.items():
         _originals[(owner, name)] = getattr(owner, name)

@@ -7,10 +7,25 @@ master copy of each bf16 parameter (and fp32 moments), steps the master and copi
 rounded. Its DDP wrapper gathers each parameter's gradient into an fp32 bucket (`main_grad`,
 grad_reduce_in_fp32) and all-reduces the buckets over the data-parallel group.
 
+With more than one data-parallel rank the all-reduce overlaps the backward pass (megatron's
+`overlap_grad_reduce`, `policy.parallel.overlap_grad_reduce`): a bucket's all-reduce starts,
+asynchronously, as soon as the backward has produced every gradient in it, and `step()` waits
+for it. Over several microbatches (gradient accumulation, `hpc.rl.staged.train_pass`) only the
+last one's backward may start it: the wrapper is wired into the model's TransformerConfig as
+megatron's training loop does, `no_sync_func` (megatron's schedules run every other microbatch
+under it) and `grad_sync_func` (pipeline stages after the first start their all-reduce when
+their last backward is done, aligned with the others, as megatron's `align_grad_reduce`).
+The first step of an optimizer does not overlap: megatron counts in it which gradients each
+bucket waits for, and all-reduces after the backward.
+
 The gradients are summed over data-parallel ranks, not averaged (the model's TransformerConfig
 says `calculate_per_token_loss`, `hpc.policy.model`): each rank's loss is its token sum divided
 by the step's token count over every rank (`hpc.rl.staged.train_pass`), so the sum is the
 gradient of the global token mean, and a rank with more tokens weighs more.
+
+With pipeline stages and tied embeddings the first stage's embedding and the last stage's output
+layer are one weight: after the data-parallel all-reduce, `step()` sums their gradients over the
+embedding group (megatron's finalize_model_grads order: `sum_tied_embedding_grads`).
 
 `step()` clips the gradients to the global norm `clip_grad` (0: no clipping) and returns the
 norm measured before clipping and the update-to-weight ratio ||w_after - w_before|| / ||w_before||
@@ -49,21 +64,33 @@ def step_stats(optimizer: Any) -> StepStats:
 class ModelOptimizer:
     """`model` wrapped in megatron's DDP and stepped by megatron's optimizer (see the module
     docstring). Forward and backward run on `model` itself: the DDP wrapper's hooks catch its
-    gradients. `param_groups` are the optimizer's (set `lr` there)."""
+    gradients. `param_groups` are the optimizer's (set `lr` there). One per model: the wrapper's
+    hooks and the model config's sync functions are this optimizer's.
 
-    def __init__(self, model: torch.nn.Module, lr: float, clip_grad: float) -> None:
+    `overlap_grad_reduce`: start the data-parallel all-reduce during the backward pass (only
+    where there is more than one data-parallel rank; `overlapped` says whether it does)."""
+
+    def __init__(self, model: torch.nn.Module, lr: float, clip_grad: float, overlap_grad_reduce: bool = True) -> None:
+        from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         self.model = model
+        self.overlapped = overlap_grad_reduce and ps.get_data_parallel_world_size() > 1
+        if self.overlapped and model.config.no_sync_func is not None:
+            raise ValueError("the model already has an optimizer that overlaps its gradient all-reduce")
         bf16 = any(p.dtype == torch.bfloat16 for p in model.parameters())
         with cpu_shim.megatron_on_cpu():
             self.ddp = DistributedDataParallel(
-                model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+                model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                                            overlap_grad_reduce=self.overlapped), model)
             self.optimizer = get_megatron_optimizer(
                 OptimizerConfig(optimizer="adam", lr=lr, weight_decay=0.0, bf16=bf16, clip_grad=clip_grad,
                                 params_dtype=torch.bfloat16 if bf16 else torch.float32),
                 [self.ddp])
+        if self.overlapped:      # what megatron's schedules call (megatron's training loop sets them so)
+            model.config.no_sync_func = self.ddp.no_sync
+            model.config.grad_sync_func = self.ddp.start_grad_sync
 
     @property
     def param_groups(self) -> list[dict]:
@@ -80,11 +107,13 @@ class ModelOptimizer:
 
     @torch.no_grad()
     def step(self) -> StepStats:
-        """All-reduce the gradients over data-parallel ranks, clip, step; the step's StepStats."""
+        """Finish the all-reduce of the gradients over data-parallel ranks (wait for it when it
+        overlapped the backward), sum the tied embedding's, clip, step; the step's StepStats."""
         params = self.master_params()
         before = [p.detach().clone() for p in params]
         with cpu_shim.megatron_on_cpu():
             self.ddp.finish_grad_sync()
+            sum_tied_embedding_grads(self.model)
             _, grad_norm, _ = self.optimizer.step()
         delta = torch._foreach_sub(params, before)
         counted = [_counted(p) for p in params]
@@ -156,6 +185,25 @@ class ModelOptimizer:
                                                    for g, group in enumerate(groups)]
         with cpu_shim.megatron_on_cpu():
             self.optimizer.load_state_dict(state_dict)
+
+
+def sum_tied_embedding_grads(model: torch.nn.Module) -> None:
+    """With pipeline stages, the first stage's embedding and the last stage's output layer are
+    one tied weight: each gets the sum of both gradients (megatron's finalize_model_grads). Under
+    megatron's DDP the gradient is in its fp32 bucket (`main_grad`) and this must follow the
+    data-parallel all-reduce of that bucket (`ModelOptimizer.step`); without it, `.grad`."""
+    from megatron.core import parallel_state as ps
+
+    tied = getattr(model, "share_embeddings_and_output_weights", False)
+    if ps.get_pipeline_model_parallel_world_size() == 1 or not tied or not ps.is_rank_in_embedding_group():
+        return
+    weight = model.shared_embedding_or_output_weight()
+    if hasattr(weight, "main_grad"):
+        torch.distributed.all_reduce(weight.main_grad, group=ps.get_embedding_group())
+        return
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    torch.distributed.all_reduce(weight.grad, group=ps.get_embedding_group())
 
 
 def _counted(param: torch.Tensor) -> bool:

@@ -1,20 +1,25 @@
 """The trainer's passes over a batch whatever the pipeline size (`policy.parallel.pipeline`).
 
-A training pass runs megatron's non-interleaved 1F1B schedule (`get_forward_backward_func`):
-the batch's rows split into microbatches, each cut to its own longest row (the schedule sends
-each activation's shape ahead of it); the first stage embeds, activations and their gradients
-go stage to stage, and the last stage applies the head (log-probs, values) and the loss. A
-microbatch's loss is its share of the step's token-mean (its own masked mean times its share
-of the generated tokens of the step, over every data-parallel rank: `global_tokens`), so the
-gradients add up to those of the one-stage step, and over data-parallel ranks (summed by
-megatron's DDP) to those of one rank holding every rank's rows.
-A tied embedding's two copies (first and last stage) then sum their gradients over the
-embedding group, as megatron's finalize_model_grads does, and stay equal.
+A training pass in several microbatches (`policy.parallel.microbatches`) runs megatron's
+schedule (`get_forward_backward_func`): the batch's rows split into microbatches, each cut to
+its own longest row. Across pipeline stages it is the non-interleaved 1F1B schedule (which sends
+each activation's shape ahead of it): the first stage embeds, activations and their gradients go
+stage to stage, and the last stage applies the head (log-probs, values) and the loss. At one
+stage it is megatron's no-pipelining schedule, gradient accumulation: each microbatch's forward
+and backward in turn. A microbatch's loss is its share of the step's token-mean (its own masked
+mean times its share of the generated tokens of the step, over every data-parallel rank:
+`global_tokens`), so the gradients add up to those of the whole batch at once, and over
+data-parallel ranks (summed by megatron's DDP) to those of one rank holding every rank's rows.
+The schedules run every microbatch but the last under the model config's `no_sync_func`, so an
+all-reduce that overlaps the backward (`hpc.policy.optimizer`) starts in the last one's only.
+A tied embedding's two copies (first and last stage) sum their gradients over the embedding
+group, as megatron's finalize_model_grads does, and stay equal: the optimizer does it after the
+data-parallel all-reduce under megatron's DDP, this pass for a model without it.
 
 Whatever the last stage computes (its per-token outputs, the critic's values, reference
 log-probs) is broadcast to the pipeline group, so every rank computes the same statistics and
-the writer (rank 0, on the first stage) logs what the last stage saw. With one stage every pass
-is the plain forward (and backward) of the whole model, bit for bit what it was before.
+the writer (rank 0, on the first stage) logs what the last stage saw. With one stage and one
+microbatch a pass is the plain forward (and backward) of the whole model.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hpc.policy.optimizer import sum_tied_embedding_grads
 from hpc.rl.batch import RolloutBatch
 
 PerToken = tuple[torch.Tensor | None, ...]       # [B, T-1] tensors (or None) over a batch's targets
@@ -133,8 +139,8 @@ def train_pass(model: torch.nn.Module, batch: RolloutBatch, outputs: Outputs,
                loss: Callable[[PerToken, Cut], torch.Tensor], microbatches: int = 1) -> PerToken:
     """Accumulate the gradients of `loss` (a token-mean over the rows it is given, the batch's
     [B, T-1] tensors cut by its second argument) on `batch` into `model`'s parameters, in
-    `microbatches` parts across pipeline stages (ignored at one stage); returns the detached
-    `outputs` of the whole batch on every rank (zero where a microbatch's width ends).
+    `microbatches` parts (across pipeline stages, or one after the other at one stage); returns
+    the detached `outputs` of the whole batch on every rank (zero where a microbatch's width ends).
 
     The loss is weighed by this rank's share of the step's tokens over all data-parallel ranks
     (`global_tokens`), so the ranks' gradients sum (megatron's DDP) to those of the token mean
@@ -145,23 +151,26 @@ def train_pass(model: torch.nn.Module, batch: RolloutBatch, outputs: Outputs,
     from hpc.policy.model import forward_mask, position_ids
 
     total = global_tokens(batch.action_mask)
-    if pipeline_size() == 1:
+    parts = microbatch_rows(len(batch), microbatches)
+    staged = pipeline_size() > 1
+    if not staged and len(parts) == 1:
         out = outputs.whole(model, batch)
         share = max(float(batch.action_mask.sum()), 1.0) / total
         (loss(out, lambda x: x) * share).backward()
         return tuple(None if x is None else x.detach() for x in out)
-    parts = microbatch_rows(len(batch), microbatches)
     width = batch.action_mask.shape[1]
     collected: list[tuple[torch.Tensor, PerToken]] = []
 
-    def step(data: Any, stage: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
+    def step(data: Any, stage: torch.nn.Module) -> tuple[Any, Callable]:
         rows = next(data).to(batch.tokens.device)
         part = batch.select(rows)
         cut: Cut = lambda x: x[rows, :part.tokens.shape[1] - 1]  # noqa: E731
-        output = stage(part.tokens, position_ids(part.tokens), forward_mask(part.pad_mask))
+        # One stage: the whole model's outputs (its LM head without the [B, T, V] logits).
+        output = (stage(part.tokens, position_ids(part.tokens), forward_mask(part.pad_mask)) if staged
+                  else outputs.whole(stage, part))
 
-        def loss_func(output: torch.Tensor) -> tuple[torch.Tensor, dict]:
-            out = outputs.head(output, part)
+        def loss_func(output: Any) -> tuple[torch.Tensor, dict]:
+            out = outputs.head(output, part) if staged else output
             collected.append((rows, tuple(None if x is None else x.detach() for x in out)))
             # The schedule divides each microbatch's loss by their number.
             share = float(cut(batch.action_mask).sum()) / total
@@ -172,7 +181,8 @@ def train_pass(model: torch.nn.Module, batch: RolloutBatch, outputs: Outputs,
     get_forward_backward_func()(forward_step_func=step, data_iterator=iter(parts), model=model,
                                 num_microbatches=len(parts), seq_length=batch.tokens.shape[1],
                                 micro_batch_size=max(len(p) for p in parts))
-    _sum_tied_embedding_grads(model)
+    if not hasattr(next(model.parameters()), "main_grad"):      # not under megatron's DDP
+        sum_tied_embedding_grads(model)
     whole = None
     if ps.is_pipeline_last_stage():
         whole = []
@@ -187,18 +197,3 @@ def train_pass(model: torch.nn.Module, batch: RolloutBatch, outputs: Outputs,
         whole = tuple(whole)
     return from_last_stage(whole)
 
-
-def _sum_tied_embedding_grads(model: torch.nn.Module) -> None:
-    """The first stage's embedding and the last stage's output layer are one tied weight: each
-    gets the sum of both gradients (megatron's finalize_model_grads, without its DDP buffers)."""
-    from megatron.core import parallel_state as ps
-
-    if not getattr(model, "share_embeddings_and_output_weights", False) or not ps.is_rank_in_embedding_group():
-        return
-    weight = model.shared_embedding_or_output_weight()
-    if hasattr(weight, "main_grad"):      # under megatron's DDP the gradient is in its fp32 bucket
-        torch.distributed.all_reduce(weight.main_grad, group=ps.get_embedding_group())
-        return
-    if weight.grad is None:
-        weight.grad = torch.zeros_like(weight)
-    torch.distributed.all_reduce(weight.grad, group=ps.get_embedding_group())

@@ -135,8 +135,9 @@ class Trainer:
         if init is not None:
             state = model.critic_state_from_policy(self.policy.state_dict())
             self.critic.load_state_dict(state, strict=False)
-        self.actor_opt = ModelOptimizer(self.policy, cfg.rl.actor_lr, cfg.rl.clip_grad)
-        self.critic_opt = ModelOptimizer(self.critic, cfg.rl.critic_lr, cfg.rl.clip_grad)
+        overlap = mcfg.parallel.overlap_grad_reduce
+        self.actor_opt = ModelOptimizer(self.policy, cfg.rl.actor_lr, cfg.rl.clip_grad, overlap)
+        self.critic_opt = ModelOptimizer(self.critic, cfg.rl.critic_lr, cfg.rl.clip_grad, overlap)
         pipeline = self.layout.pp_size
         self.microbatches = mcfg.parallel.microbatches or pipeline
         self.replica = model.build_replica(mcfg).to(self.device) if pipeline > 1 else None
