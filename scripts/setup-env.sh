@@ -23,7 +23,7 @@ if [ ! -f "$stamp" ]; then
   # -W ignore: megatron-core warns on import that Transformer Engine and Apex are absent
   "$venv/bin/python" -W ignore -c "import hpc, torch, h5py, yaml, mpi4py, submitit, megatron.core, tokenizers, safetensors"
   if [ "${1:-}" = test ]; then
-    "$venv/bin/python" -c "import pytest, xdist, transformers, pandas"
+    "$venv/bin/python" -c "import pytest, xdist, transformers, pandas, openai"
     step "installing h5py 3.12 (HDF5 1.14) beside the venv, for the readers' test"
     # an older h5py (HDF5 1.14) beside the venv's, for tests/test_hdf5_readers.py: it must read our files too
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --upgrade --target "$venv/old-h5py" \

@@ -51,7 +51,7 @@ def test_an_episode_on_the_reward_pool_is_paid_by_a_worker_rank(tmp_path, cache_
     events = {e["name"]: e for t in traj["turns"] for e in t["events"]}
     assert all(events[name]["ok"] for name in ("compile", "verify", "profile")), events
     assert events["profile"]["reward"] == traj["reward"] and traj["record"]["correct"]
-    assert not (tmp_path / "episode").exists()                 # removed without --keep
+    assert (tmp_path / "episode" / "work").is_dir()            # a --root given is never removed
 
 
 def test_the_command_reports_bad_input_in_one_line(tmp_path, capsys):

@@ -1,7 +1,10 @@
 """`hpc serve` and `OpenAIChatPolicy` against each other: a tiny random checkpoint served by the real
 command on a free port, answered greedily exactly as `generate` answers in process, `n` samples and
 usage counted, bad requests refused with OpenAI's error JSON (the server goes on), the API key
-enforced, retries with backoff, and agent episodes driven over HTTP."""
+enforced, retries with backoff, and agent episodes driven over HTTP. And the server as the official
+`openai` client meets it: streaming, the trainer's log-probs, tools refused, the model by id and a
+health check, bodies and prompts too large refused before they cost anything, a generating request
+holding up no other, and a training run served with the tokenizer it trained with."""
 
 from __future__ import annotations
 
@@ -17,12 +20,13 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import openai
 import pytest
 import torch
 
 from hpc.agent.openai_client import OpenAIChatPolicy
 from hpc.errors import UserError
-from hpc.policy.chat import chat_format
+from hpc.policy.chat import ChatFormat, chat_format
 from hpc.policy.generate import SamplingParams, generate
 from hpc.policy.tokenizer import ByteTokenizer
 from tests.conftest import RELU_TASK, ROOT, make_fast_config
@@ -35,6 +39,7 @@ TOK = ByteTokenizer()
 FMT = chat_format(TOK, include_system=False)   # the server runs with --no-system: short prompts
 KEY_ENV, KEY = "HPC_TEST_SERVE_KEY", "s3cret-key"
 NAME = "tiny-test"
+MAX_REQUEST_BYTES = 65536
 MESSAGES = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Add two vectors."}]
 
 
@@ -94,7 +99,7 @@ class Server:
 def server(local, tmp_path_factory):
     root, _, _ = local
     srv = Server(["--checkpoint", str(root), "--port", "0", "--model-name", NAME, "--api-key-env", KEY_ENV,
-                  "--no-system"],
+                  "--no-system", "--max-request-bytes", str(MAX_REQUEST_BYTES)],
                  tmp_path_factory.mktemp("serve"))
     yield srv
     srv.stop()
@@ -185,7 +190,22 @@ def test_stop_strings_end_the_reply_and_are_left_out(local, server):
     ({"messages": MESSAGES, "n": 0}, "n: must be >= 1"),
     ({"messages": MESSAGES, "stop": [""]}, "stop:"),
     ({"messages": MESSAGES, "max_tokens": 3000}, "exceeds the model's context of 2048"),
-    ({"messages": MESSAGES, "stream": True}, "streaming is not supported"),
+    ({"messages": MESSAGES, "stream": "yes"}, "stream: expected true or false"),
+    ({"messages": MESSAGES, "temperature": float("nan")}, "temperature: must be a finite number, got nan"),
+    ({"messages": MESSAGES, "top_p": float("inf")}, "top_p: must be a finite number, got inf"),
+    ({"messages": MESSAGES, "presence_penalty": float("-inf")}, "presence_penalty: must be a finite number"),
+    ({"messages": MESSAGES, "frequency_penalty": 3}, "frequency_penalty: must be in [-2, 2]"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]},
+     "messages[0].role: expected one of system, user, assistant, tool, got 'wizard'"),
+    ({"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+     "tools: not supported"),
+    ({"messages": MESSAGES, "tool_choice": "required"}, "tool_choice: not supported"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}]},
+     "messages[0].tool_calls: tool calls are not supported"),
+    ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs: needs logprobs: true"),
+    ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs: must be in [0, 20]"),
+    ({"messages": MESSAGES, "seed": 1 << 63}, "seed: must be in [0, 9223372036854775807]"),
+    ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "only with stream: true"),
     (b"{not json", "not valid JSON"),
 ])
 def test_bad_requests_are_400_and_the_server_goes_on(server, body, message):
@@ -269,7 +289,7 @@ def test_a_hf_directory_is_served_like_the_checkpoint(local, tmp_path):
     _, cfg, net = local
     hf = export_hf(net, cfg, tmp_path / "exported", "llama")
     served = load_served_policy(ServerConfig(hf=str(hf), tokenizer="byte", include_system=False), init=False)
-    body = served.complete({"messages": MESSAGES, "temperature": 0, "max_tokens": 16}, max_n=1)
+    body = served.complete(*served.request({"messages": MESSAGES, "temperature": 0, "max_tokens": 16}, max_n=1))
     (expected,), _ = local_replies(local, MESSAGES, max_new_tokens=16, temperature=0)
     assert body["model"] == "exported" and body["choices"][0]["message"]["content"] == expected
 
@@ -334,3 +354,262 @@ def test_python_m_hpc_agent_takes_an_endpoint_or_replies(server, tmp_path, cache
     assert summary["end_reason"] == "single_turn" and summary["usage"]["requests"] == 1
     assert summary["usage"]["completion_tokens"] <= 8
     assert json.loads(out.read_text())["turns"][0]["response"] is not None
+
+
+# -- the server as the official `openai` client meets it -------------------------------------------
+def openai_client(server, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_the_openai_client_fetches_the_model_by_id_and_health_needs_no_key(local, server):
+    client_ = openai_client(server)
+    assert [m.id for m in client_.models.list()] == [NAME]
+    model = client_.models.retrieve(NAME)
+    assert model.id == NAME and model.object == "model" and model.owned_by == "hpc"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client_.models.retrieve("gpt-9")
+    with pytest.raises(openai.AuthenticationError):
+        openai_client(server, key="wrong").models.retrieve(NAME)
+    assert get(server.url + "/health", key=None) == (200, {"status": "ok"})
+    (expected,), _ = local_replies(local, MESSAGES, max_new_tokens=16, temperature=0)
+    reply = client_.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, max_tokens=16)
+    assert reply.choices[0].message.content == expected and reply.choices[0].logprobs is None
+
+
+def test_tools_are_refused_by_name_not_ignored(server):
+    tools = [{"type": "function", "function": {"name": "compile", "parameters": {"type": "object", "properties": {}}}}]
+    with pytest.raises(openai.BadRequestError, match="tools: not supported") as e:
+        openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, tools=tools)
+    assert e.value.code == "tools_not_supported"
+
+
+def test_a_stream_sends_the_reply_in_pieces_as_openai_does(local, server):
+    (expected,), (c,) = local_replies(local, MESSAGES, max_new_tokens=40, temperature=0)
+    chunks = list(openai_client(server).chat.completions.create(
+        model=NAME, messages=MESSAGES, temperature=0, max_tokens=40, stream=True,
+        stream_options={"include_usage": True}))
+    assert {(ch.object, ch.id, ch.model) for ch in chunks} == {("chat.completion.chunk", chunks[0].id, NAME)}
+    *choices, last = chunks
+    assert last.choices == [] and last.usage.prompt_tokens == len(FMT.render(MESSAGES))
+    assert last.usage.completion_tokens == len(c.tokens)
+    assert choices[0].choices[0].delta.role == "assistant"
+    pieces = [ch.choices[0].delta.content for ch in choices if ch.choices[0].delta.content]
+    assert "".join(pieces) == expected and len(pieces) > 3
+    assert [ch.choices[0].finish_reason for ch in choices] == [None] * (len(choices) - 1) + [c.finish_reason]
+
+
+def test_a_streamed_reply_stops_where_a_stop_string_begins(local, server):
+    (full,), _ = local_replies(local, MESSAGES, max_new_tokens=40, temperature=0)
+    start = next(k for k in range(8, len(full) - 1) if "\ufffd" not in full[k:k + 2])
+    stop = full[start:start + 2]   # two characters: the first may be sent before the second decides
+    chunks = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=0,
+                                                           max_tokens=40, stop=[stop], stream=True)
+    choices = [ch.choices[0] for ch in chunks]
+    assert "".join(ch.delta.content or "" for ch in choices) == full[:full.index(stop)]
+    assert choices[-1].finish_reason == "stop"
+
+
+def test_a_raw_stream_is_server_sent_events_ending_in_done(local, server):
+    (expected,), (c,) = local_replies(local, MESSAGES, max_new_tokens=10, temperature=0)
+    body = json.dumps({"messages": MESSAGES, "temperature": 0, "max_tokens": 10, "logprobs": True, "n": 2,
+                       "stream": True}).encode()
+    request = urllib.request.Request(server.url + "/v1/chat/completions", body,
+                                     {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
+        lines = r.read().decode().split("\n")
+    events = [line for line in lines if line]
+    assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
+    assert all(not line for line in lines[1::2])   # each event is followed by a blank line
+    chunks = [json.loads(line[len("data: "):]) for line in events[:-1]]
+    for index in (0, 1):
+        mine = [ch["choices"][0] for ch in chunks if ch["choices"][0]["index"] == index]
+        assert "".join(ch["delta"].get("content") or "" for ch in mine) == expected
+        logprobs = [e for ch in mine if ch["logprobs"] for e in ch["logprobs"]["content"]]
+        assert [bytes(e["bytes"]) for e in logprobs] == [TOK.token_bytes(t) for t in c.tokens]
+
+
+def test_logprobs_are_those_the_trainer_computes(local, server):
+    from hpc.policy.model import forward_logits, mask_padded_vocab, sequence_logprobs
+
+    _, cfg, net = local
+    (text,), (c,) = local_replies(local, MESSAGES, max_new_tokens=12, temperature=0.7, seed=11)
+    reply = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=0.7, seed=11,
+                                                          max_tokens=12, logprobs=True, top_logprobs=3)
+    assert reply.choices[0].message.content == text
+    content = reply.choices[0].logprobs.content
+    assert [bytes(e.bytes) for e in content] == [TOK.token_bytes(t) for t in c.tokens]
+    prompt = FMT.render(MESSAGES)
+    sequence = torch.tensor([prompt + c.tokens])
+    with torch.no_grad():
+        trainer, _ = sequence_logprobs(net, sequence, None, cfg.vocab_size, False)
+        top = torch.log_softmax(mask_padded_vocab(forward_logits(net, sequence)[0, len(prompt) - 1:-1].float(),
+                                                  cfg.vocab_size), -1).topk(3)
+    assert [e.logprob for e in content] == pytest.approx(trainer[0, len(prompt) - 1:].tolist(), abs=1e-5)
+    assert [e.logprob for e in content] != pytest.approx(c.logprobs, abs=1e-3)   # not the sampler's, at T = 0.7
+    for e, values, ids in zip(content, top.values.tolist(), top.indices.tolist()):
+        assert [t.logprob for t in e.top_logprobs] == pytest.approx(values, abs=1e-5)
+        assert [bytes(t.bytes) for t in e.top_logprobs] == [TOK.token_bytes(i) for i in ids]
+
+
+def test_a_body_over_the_limit_is_413_unread_and_the_server_goes_on(server):
+    big = {"model": NAME, "messages": [{"role": "user", "content": "x" * MAX_REQUEST_BYTES}]}
+    status, error = post(server.url, big)
+    assert status == 413 and f"--max-request-bytes {MAX_REQUEST_BYTES}" in error["error"]["message"], error
+    with pytest.raises(openai.APIStatusError) as e:
+        openai_client(server).chat.completions.create(**big)
+    assert e.value.status_code == 413
+    assert post(server.url, {"messages": MESSAGES, "max_tokens": 2})[0] == 200
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_it_is_tokenized(local, monkeypatch):
+    from hpc.policy.openai_api import RequestError
+    from hpc.policy.serve import ServedPolicy
+
+    _, cfg, net = local
+    served = ServedPolicy(NAME, net, cfg, TOK, FMT)
+
+    def render(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(ChatFormat, "render", render)
+    with pytest.raises(RequestError, match="at least 2049 tokens, more than the model's context of 2048") as e:
+        served.request({"messages": [{"role": "system", "content": "s" * 5000},
+                                     {"role": "user", "content": "y" * 2049}]}, 1)
+    assert e.value.status == 400 and e.value.code == "context_length_exceeded"
+    with pytest.raises(AssertionError, match="tokenized"):   # the system message is left out (--no-system)
+        served.request({"messages": [{"role": "system", "content": "s" * 5000},
+                                     {"role": "user", "content": "y" * 2000}]}, 1)
+
+
+def test_no_tokenizer_encodes_a_text_in_fewer_tokens_than_its_bound(tmp_path):
+    from hpc.policy.tokenizer import train_bpe
+
+    texts = ["def relu(x):\n    return torch.clamp(x, min=0)\n" * 20, "    " * 40 + "\n\n\n", "żółć ✓ 🙂 " * 30,
+             "<|im_start|>user\n<|im_end|>" * 10]
+    for split_words in (True, False):
+        tok = train_bpe(texts, 400, tmp_path / f"bpe-{split_words}", split_words=split_words)
+        for text in texts:
+            assert len(tok.encode(text)) >= len(text.encode()) / tok.max_token_bytes, text
+            assert b"".join(tok.token_bytes(t) for t in tok.encode(text)) == text.encode()
+
+
+def test_a_generating_request_holds_up_no_other(server):
+    times: dict[str, float] = {}
+
+    def consume():
+        stream = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=0,
+                                                               max_tokens=400, stream=True)
+        for ch in stream:
+            if ch.choices and ch.choices[0].delta.content:
+                times.setdefault("first piece", time.monotonic())
+        times["end"] = time.monotonic()
+
+    streaming = threading.Thread(target=consume)
+    streaming.start()
+    deadline = time.monotonic() + 120
+    while "first piece" not in times and streaming.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "first piece" in times and "end" not in times
+    assert get(server.url + "/health", key=None)[0] == 200
+    assert get(server.url + "/v1/models")[0] == 200
+    assert post(server.url, {"messages": MESSAGES, "temperature": float("nan")})[0] == 400
+    assert post(server.url, {"messages": [{"role": "user", "content": "z" * 3000}]})[0] == 400   # not tokenized
+    assert post(server.url, {"messages": [{"role": "user", "content": "z" * MAX_REQUEST_BYTES}]})[0] == 413
+    answered = time.monotonic()
+    streaming.join(300)
+    assert answered < times["end"], "the other requests waited for the generation"
+
+
+# -- a training run's checkpoint -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(local, tmp_path_factory):
+    """A training run as jobs/train.py leaves one: a tiny policy trained with its own vocabulary
+    (bpe:320, ChatML tokens) and without system messages. (run folder, tokenizer, cfg, model)."""
+    from hpc.policy.checkpoint import save_checkpoint
+    from hpc.policy.config import policy_config
+    from hpc.policy.model import build_policy
+    from hpc.policy.tokenizer import train_bpe
+    from hpc.rl.checkpoints import CHECKPOINTS, STATE_FILE
+    from hpc.rl.train_config import train_config, train_config_dict
+
+    folder = tmp_path_factory.mktemp("run")
+    tok = train_bpe(["def forward(self, x):\n    return torch.relu(x)\n" * 20, "Add two vectors. " * 20], 320,
+                    folder / "tokenizer")
+    cfg = policy_config({"max_seq_len": 512, "vocab_size": tok.vocab_size})
+    net = build_policy(cfg).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.3)
+    save_checkpoint(folder / CHECKPOINTS / "policy", 3, net, None, cfg)
+    config = train_config({"tokenizer": "bpe:320", "include_system": False, "policy": {"max_seq_len": 512},
+                           "agent": {"max_context_tokens": 512, "max_response_tokens": 128},
+                           "stages": [{"kind": "sft", "steps": 3}]})
+    saved = {"position": {"step": 3, "stage": 0, "stage_step": 3}, "reference": False,
+             "config": train_config_dict(config)}
+    (folder / CHECKPOINTS / f"{STATE_FILE}.3").write_text(json.dumps(saved, default=str))
+    return folder, tok, cfg, net
+
+
+@pytest.mark.parametrize("where", [".", "checkpoints", "checkpoints/policy", "checkpoints/policy/iter_0000003"])
+def test_a_run_is_served_with_the_tokenizer_it_trained_with(run, where):
+    from hpc.policy.serve import ServerConfig, load_served_policy
+
+    folder, tok, cfg, net = run
+    served = load_served_policy(ServerConfig(checkpoint=str(folder / where)), init=False)
+    assert (served.tokenizer.vocab_size, served.format.name, served.format.include_system) == (tok.vocab_size,
+                                                                                                "chatml", False)
+    fmt = chat_format(tok, include_system=False)
+    (c,) = generate(net, cfg, tok, [fmt.render(MESSAGES)],
+                    SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=[fmt.stop_id]))
+    body = served.complete(*served.request({"messages": MESSAGES, "temperature": 0, "max_tokens": 12}, max_n=1))
+    assert body["choices"][0]["message"]["content"] == tok.decode(c.tokens[:-1] if c.finish_reason == "stop"
+                                                                  else c.tokens)
+    assert body["usage"]["prompt_tokens"] == len(fmt.render(MESSAGES))
+    assert served.name == (folder / where).resolve().name
+
+
+def test_the_runs_own_tokenizer_may_be_named_from_a_copy(run, tmp_path):
+    from hpc.policy.serve import ServerConfig, load_served_policy
+
+    folder, tok, _, _ = run
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in (folder / "tokenizer").iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    served = load_served_policy(ServerConfig(checkpoint=str(folder), tokenizer=str(copy), chat_format="chatml"),
+                                init=False)
+    assert served.tokenizer.vocab_size == tok.vocab_size
+
+
+@pytest.mark.parametrize("override, words", [
+    ({"tokenizer": "byte"}, r"--tokenizer byte: .* was trained with the tokenizer .*tokenizer; leave --tokenizer out"),
+    ({"chat_format": "plain"}, "--chat-format plain: .* was trained with the chat format auto"),
+])
+def test_another_tokenizer_or_chat_format_than_the_runs_is_refused(run, override, words):
+    from hpc.policy.serve import ServerConfig, load_served_policy
+
+    with pytest.raises(UserError, match=words) as e:
+        load_served_policy(ServerConfig(checkpoint=str(run[0]), **override), init=False)
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_hpc_serve_refuses_a_tokenizer_the_run_did_not_train_with_in_one_line(run):
+    proc = subprocess.run([sys.executable, "-m", "hpc.cli", "serve", "--checkpoint", str(run[0]), "--tokenizer",
+                           "byte", "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "was trained with the tokenizer" in lines[0], proc.stderr
+
+
+def test_a_checkpoint_outside_a_run_whose_vocabulary_is_not_bytes_needs_its_tokenizer(run, tmp_path):
+    from hpc.policy.checkpoint import save_checkpoint
+    from hpc.policy.serve import ServerConfig, load_served_policy
+
+    folder, tok, cfg, net = run
+    save_checkpoint(tmp_path / "policy", 1, net, None, cfg)
+    with pytest.raises(UserError, match=f"records no tokenizer .* vocabulary of {tok.vocab_size} tokens is not the "
+                                        "byte tokenizer's 259: name its tokenizer with --tokenizer"):
+        load_served_policy(ServerConfig(checkpoint=str(tmp_path / "policy")), init=False)
+    served = load_served_policy(ServerConfig(checkpoint=str(tmp_path / "policy"), tokenizer=str(folder / "tokenizer")),
+                                init=False)
+    assert served.tokenizer.vocab_size == tok.vocab_size

@@ -10,7 +10,10 @@ Every tool call is executed (again) and every state (re-)evaluated: a rollout re
 reproduced, the environment driven end to end without a model, or an external model (a frontier
 API, vLLM, `hpc serve`) run as a baseline. With --pool, rank 0 runs the episode and the other
 ranks are the pool's workers (one device each); the episode folder must be on a filesystem they
-see. Prints a JSON summary; --out writes the whole trajectory.
+see. Prints a JSON summary; --out writes the whole trajectory. An endpoint that fails mid-episode
+(a 400 for a context too long, retries run out) ends it as `endpoint_error`: the summary and the
+trajectory of the turns so far are written all the same, and the exit status is 1. A folder given
+with --root is never removed; the temporary one made without it is, unless --keep.
 """
 
 from __future__ import annotations
@@ -60,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=("cpu", "cuda"))
     p.add_argument("--scale", choices=("cpu", "gpu"))
     p.add_argument("--iterations", type=int, help="timed iterations")
-    p.add_argument("--root", help="episode folder (default: a new temporary one); kept with --keep")
-    p.add_argument("--keep", action="store_true", help="keep the episode folder")
+    p.add_argument("--root", help="episode folder, never removed (default: a new temporary one, removed unless --keep)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary episode folder")
     p.add_argument("--out", help="write the trajectory here (JSON)")
     p.add_argument("--pool", action="store_true", help="serve compile/verify/profile from MPI worker ranks")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one pool request may take")
@@ -96,7 +99,7 @@ def make_policy(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, backend: EvalBackend) -> int:
-    """The episode on rank 0 (or alone): ask the policy, evaluate, report."""
+    """The episode on rank 0 (or alone): ask the policy, evaluate, report. 1 when the endpoint failed."""
     from hpc.agent.config import load_agent_config
     from hpc.agent.episode import Episode
     from hpc.agent.policy import ReplayPolicy
@@ -107,22 +110,22 @@ def run(args: argparse.Namespace, backend: EvalBackend) -> int:
     task = load_task(args.task)
     policy = make_policy(args)
     replay = isinstance(policy, ReplayPolicy)
+    if args.root and Path(args.root).exists() and any(Path(args.root).iterdir()):
+        raise UserError(f"--root {args.root}: not empty")
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="hpc-agent-"))
-    if args.root and root.exists() and any(root.iterdir()):
-        raise UserError(f"--root {root}: not empty")
     episode = Episode(task, backend, cfg, root)
     try:
         while not episode.done and (not replay or policy.calls < len(policy.replies)):
-            episode.step(policy.respond([dict(m) for m in episode.messages]))
+            episode.ask(policy)
         trajectory = episode.finish()
     finally:
-        if not args.keep:
+        if not args.root and not args.keep:   # only the folder made here is removed
             episode.close()
     if args.out:
         Path(args.out).write_text(json.dumps(trajectory.to_dict(), indent=1))
     summary = {k: trajectory.to_dict()[k] for k in (
-        "task_id", "reward", "final_reward", "end_reason", "state_selection", "selected_state", "final_state",
-        "malformed_calls", "unknown_tool_calls", "bad_argument_calls", "loop_detected", "seconds")}
+        "task_id", "reward", "final_reward", "end_reason", "end_detail", "state_selection", "selected_state",
+        "final_state", "malformed_calls", "unknown_tool_calls", "bad_argument_calls", "loop_detected", "seconds")}
     summary["turns"] = len(trajectory.turns)
     summary["reason"] = trajectory.record.get("reason", "")
     if not replay:
@@ -130,9 +133,12 @@ def run(args: argparse.Namespace, backend: EvalBackend) -> int:
     served = getattr(backend, "served", None)
     if served is not None:
         summary["served_by_ranks"] = sorted(served)
-    if args.keep:
+    if args.root or args.keep:
         summary["root"] = str(root)
     print(json.dumps(summary))
+    if trajectory.end_reason == "endpoint_error":
+        log.error("error: turn %d got no reply: %s", len(trajectory.turns) + 1, trajectory.end_detail)
+        return 1
     return 0
 
 

@@ -1,18 +1,20 @@
 """One agent episode: the multi-turn loop between a policy and the workdir's tools, its limits,
 and the reward of the chosen final state.
 
-Any policy drives it. `Episode.run(policy)` loops `policy.respond(messages)` until the episode
-ends; a trainer that batches generation over many episodes calls `step(reply)` on each instead
-and `finish()` at the end. Messages are chat messages (`{"role", "content"}`): the system
+Any policy drives it. `Episode.run(policy)` asks `policy.respond(messages)` (`ask`) until the
+episode ends; a trainer that batches generation over many episodes calls `step(reply)` on each
+instead and `finish()` at the end. Messages are chat messages (`{"role", "content"}`): the system
 message holds the instructions, the first user message the task, then replies and tool results
 alternate.
 
 The episode ends when the policy calls `finish` (or replies without a tool call, unless
 configured otherwise), after `max_turns` replies, when the prompt plus room for one reply would
-no longer fit `max_context_tokens` (counted with the caller's tokenizer), or at a loop (the same
-call `loop_repeats` times in a row). Then the final state is evaluated; the reward is that of the
-final state, or of the best state (the correct one fastest against torch.compile among those
-profiled and the final one), as configured.
+no longer fit `max_context_tokens`, at a loop (the same call `loop_repeats` times in a row), or
+when the policy's endpoint fails (`EndpointError`, after its retries: the turns so far are kept).
+The context is counted as the model counted it where the policy reports that (an endpoint's
+usage: everything up to its last reply), the rest with the caller's `count_tokens`. Then the
+final state is evaluated; the reward is that of the final state, or of the best state (the
+correct one fastest against torch.compile among those profiled and the final one), as configured.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable, Protocol
 from hpc.agent.backend import EvalBackend
 from hpc.agent.config import AgentConfig, agent_config_dict
 from hpc.agent.instructions import render_instructions, task_prompt
+from hpc.agent.openai_client import EndpointError
 from hpc.agent.toolcall import CallError, ToolCall, parse_tool_calls, render_result, truncate
 from hpc.agent.tools import SINGLE_TURN_TOOLS, TOOLS, Toolbox
 from hpc.agent.workdir import EpisodeWorkdir
@@ -38,11 +41,14 @@ MESSAGE_OVERHEAD_TOKENS = 4   # role and separators a chat template adds around 
 
 _CALL_HINT = '<tool_call>{"name": "...", "arguments": {...}}</tool_call>'
 
-END_REASONS = ("finished", "no_tool_call", "max_turns", "context", "loop", "single_turn", "stopped")
+END_REASONS = ("finished", "no_tool_call", "max_turns", "context", "loop", "single_turn", "endpoint_error",
+               "stopped")
 
 
 class Policy(Protocol):
-    """Anything that answers a conversation: a model server client, a local model, a replay."""
+    """Anything that answers a conversation: a model server client, a local model, a replay. One
+    that knows how its model counted the conversation (`OpenAIChatPolicy`: the endpoint's usage)
+    also has `last_usage`: (prompt_tokens, completion_tokens) of its last reply, or None."""
 
     def respond(self, messages: list[Message]) -> str: ...
 
@@ -109,6 +115,7 @@ class Trajectory:
     evaluations: list[Evaluation]
     seconds: float
     config: dict[str, Any]
+    end_detail: str = ""      # endpoint_error: the endpoint's message
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: NaN and infinities become None."""
@@ -135,6 +142,8 @@ class Episode:
         self._tokens: list[int] = []
         self.turns: list[Turn] = []
         self.end_reason = ""
+        self.end_detail = ""
+        self._reported = (0, 0)   # (messages, tokens): the first messages as long as the model counted them
         self.loop_detected = False
         self._last_key, self._repeats = "", 0
         self._profiles: list[tuple[int, str, EvalRecord]] = []
@@ -149,22 +158,39 @@ class Episode:
         return bool(self.end_reason)
 
     def context_tokens(self) -> int:
-        return sum(self._tokens)
+        """The conversation's length: as the model counted it up to its last reply where the
+        policy reported that, the messages after it with `count_tokens`."""
+        messages, tokens = self._reported
+        return tokens + sum(self._tokens[messages:])
 
     def run(self, policy: Policy) -> Trajectory:
         """Ask `policy` until the episode ends, then evaluate; returns the trajectory."""
         while not self.done:
-            self.step(policy.respond([dict(m) for m in self.messages]))
+            self.ask(policy)
         return self.finish()
 
-    def step(self, response: str) -> list[Message]:
+    def ask(self, policy: Policy) -> None:
+        """One turn: `policy`'s reply to the conversation, stepped with the usage it reports. An
+        endpoint that fails (after the client's retries) ends the episode as `endpoint_error`, its
+        message in `end_detail`; the turns so far stay, and `finish()` evaluates their state."""
+        try:
+            reply = policy.respond([dict(m) for m in self.messages])
+        except EndpointError as e:
+            self.end_reason, self.end_detail = "endpoint_error", str(e)
+            return
+        self.step(reply, getattr(policy, "last_usage", None))
+
+    def step(self, response: str, usage: tuple[int, int] | None = None) -> list[Message]:
         """Take one reply: run its tool calls, append the reply and the results; returns the
-        conversation (the next prompt unless `done`)."""
+        conversation (the next prompt unless `done`). `usage`: (prompt_tokens, completion_tokens)
+        as the model counted the prompt and this reply, which then replace the estimate."""
         if self.done:
             raise RuntimeError(f"the episode has ended ({self.end_reason})")
-        turn = Turn(len(self.turns) + 1, response, self.context_tokens())
+        turn = Turn(len(self.turns) + 1, response, usage[0] if usage else self.context_tokens())
         self.turns.append(turn)
         self._append("assistant", response)
+        if usage:
+            self._reported = (len(self.messages), sum(usage))
         calls = parse_tool_calls(response, TOOLS)
         if self.cfg.mode == "single_turn":
             for call in calls:
@@ -210,7 +236,8 @@ class Episode:
             bad_argument_calls=self._count_errors("bad_arguments"), loop_detected=self.loop_detected,
             state_selection=self.cfg.state, final_state=final_state, selected_state=chosen_state,
             final_reward=final.reward, reward=chosen.reward, record=dataclasses.asdict(chosen),
-            evaluations=evaluations, seconds=time.monotonic() - self.t0, config=agent_config_dict(self.cfg))
+            evaluations=evaluations, seconds=time.monotonic() - self.t0, config=agent_config_dict(self.cfg),
+            end_detail=self.end_detail)
         return self._trajectory
 
     def close(self) -> None:

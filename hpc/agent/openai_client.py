@@ -9,8 +9,9 @@ Standard library only (`urllib.request`). The base URL is the API root as OpenAI
 (ending in `/v1`); requests go to `BASE/chat/completions`. The key comes from the named
 environment variable, read when the policy is made; without it no Authorization header is sent
 (a local server). Connection errors, timeouts, 408, 409, 429 and 5xx are retried with exponential
-backoff (a `Retry-After` header is honoured); 400, 401, 403, 404 and the rest are a UserError at
-once, with the server's own message, and so is running out of retries.
+backoff (a `Retry-After` header is honoured); 400, 401, 403, 404 and the rest are an
+`EndpointError` (a UserError) at once, with the server's own message, and so is running out of
+retries: an episode that meets one ends (`endpoint_error`) with its turns kept.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from hpc.errors import UserError
 RETRY_STATUS = frozenset({408, 409, 429})
 
 
+class EndpointError(UserError):
+    """The endpoint refused or failed a request (after the retries): one line, its own message."""
+
+
 class _Retry(Exception):
     """A failure worth another attempt; `wait` is the server's Retry-After (seconds) if it sent one."""
 
@@ -46,6 +51,8 @@ class OpenAIChatPolicy:
     a temperature). `max_tokens_field` is `max_tokens`, or `max_completion_tokens` for endpoints
     that want that name. `extra` is merged into every request body. Usage totals (tokens as the
     endpoint counts them, requests, retries) accumulate on the instance; thread-safe.
+    `last_usage` is the last answer's (prompt_tokens, completion_tokens) as the endpoint counted
+    them (None when it sent no usage): how long the conversation is in the served model's tokens.
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
@@ -82,6 +89,7 @@ class OpenAIChatPolicy:
         self.requests = 0             # answered requests
         self.retried = 0              # attempts that failed and were tried again
         self.last_finish_reason = ""
+        self.last_usage: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:   # never the key
@@ -117,19 +125,21 @@ class OpenAIChatPolicy:
                 break
             except _Retry as e:
                 if attempt + 1 == attempts:
-                    raise UserError(f"OpenAI endpoint {self.url}: gave up after {attempts} attempt"
-                                    f"{'s' if attempts > 1 else ''}: {e}") from None
+                    raise EndpointError(f"OpenAI endpoint {self.url}: gave up after {attempts} attempt"
+                                        f"{'s' if attempts > 1 else ''}: {e}") from None
                 with self._lock:
                     self.retried += 1
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** attempt) * (1 + 0.25 * random.random())
                 time.sleep(min(self.max_backoff_s, e.wait) if e.wait is not None else delay)
         self._check(response)
-        usage = response.get("usage") or {}
+        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         with self._lock:
             self.requests += 1
-            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens += int(usage.get("completion_tokens") or 0)
+            self.prompt_tokens += prompt
+            self.completion_tokens += completion
             self.last_finish_reason = str(response["choices"][0].get("finish_reason") or "")
+            self.last_usage = (prompt, completion) if prompt else None
         return response
 
     def _post(self, data: bytes) -> dict[str, Any]:
@@ -144,12 +154,12 @@ class OpenAIChatPolicy:
             detail = _error_message(e)
             if e.code in RETRY_STATUS or e.code >= 500:
                 raise _Retry(f"HTTP {e.code}: {detail}", _retry_after(e)) from None
-            raise UserError(f"OpenAI endpoint {self.url}: HTTP {e.code}: {detail}") from None
+            raise EndpointError(f"OpenAI endpoint {self.url}: HTTP {e.code}: {detail}") from None
         except urllib.error.URLError as e:
             reason = e.reason
             if isinstance(reason, (socket.timeout, TimeoutError, OSError)):
                 raise _Retry(f"cannot connect ({_oneline(reason)})") from None
-            raise UserError(f"OpenAI endpoint {self.url}: {_oneline(reason)}") from None
+            raise EndpointError(f"OpenAI endpoint {self.url}: {_oneline(reason)}") from None
         except (TimeoutError, socket.timeout) as e:
             raise _Retry(f"no answer within {self.timeout_s:g} s ({_oneline(e)})") from None
         except (ConnectionError, http.client.HTTPException) as e:
@@ -163,7 +173,7 @@ class OpenAIChatPolicy:
         ok = isinstance(response, dict) and isinstance(response.get("choices"), list) and response["choices"] \
             and isinstance(response["choices"][0], dict) and isinstance(response["choices"][0].get("message"), dict)
         if not ok:
-            raise UserError(f"OpenAI endpoint {self.url}: not a chat completion: {json.dumps(response)[:200]}")
+            raise EndpointError(f"OpenAI endpoint {self.url}: not a chat completion: {json.dumps(response)[:200]}")
 
 
 def _oneline(value: Any) -> str:

@@ -15,8 +15,8 @@ whose per-layer Python bounds a step by kernel launches at small models and larg
 Sampling stays outside the graph, with its torch.Generator.
 
 Without stop strings the loop never waits for the GPU: stop tokens are checked on the device
-and the samples come back once at the end; stop strings need each row's text, so with them
-every step brings the samples back.
+and the samples come back once at the end; stop strings need each row's text, and a streaming
+caller (`on_step`) each step's tokens, so with either every step brings the samples back.
 
 Log-probs are those of the temperature-scaled distribution over the model's vocabulary
 (log_softmax(logits / T); T = 1 for greedy), before top-p truncation: the quantity a trainer
@@ -203,7 +203,8 @@ class _StaticForward:
 
 def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenizer,
              prompts: Sequence[Sequence[int]], params: SamplingParams, *, decoder: str = "auto",
-             cuda_graphs: bool = True) -> list[Completion]:
+             cuda_graphs: bool = True,
+             on_step: Callable[[list[list[int]], list[bool]], None] | None = None) -> list[Completion]:
     """Sample a completion for each prompt (token ids) with the single-stage policy `model` (under
     pipeline parallelism, a whole replica of it).
 
@@ -211,6 +212,9 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
     `decoder`: "static" (`StaticDecoder`; refused where it cannot run), "megatron" (megatron's
     loop) or "auto" (static wherever it can run). `cuda_graphs`: replay the static decoder's
     step as a CUDA graph (on CUDA with one TP rank only; off, the same step runs eagerly).
+    `on_step(tokens, finished)`, when given, is called after every step with each row's tokens so
+    far and whether the row has finished (a server streaming the replies); what it raises ends
+    the generation.
     """
     from megatron.core import parallel_state as ps
 
@@ -251,7 +255,7 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
 
     # Without stop strings the stop tokens are checked on the device and the tokens come back to
     # the host once at the end: no per-step sync or per-row Python on the hot path.
-    on_device = not params.stop
+    on_device = not params.stop and on_step is None
     stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
     gen_logprobs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
     stopped = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -298,11 +302,14 @@ def generate(model: torch.nn.Module, cfg: PolicyModelConfig, tokenizer: Tokenize
                         out_tokens[i].append(tok)
                         if tok in stop_ids:
                             finish[i] = "stop"
-                        elif _stop_match(tokenizer.decode(_tail(out_tokens[i], window, tokenizer.special_ids)),
-                                         params.stop) >= 0:
+                        elif params.stop and _stop_match(
+                                tokenizer.decode(_tail(out_tokens[i], window, tokenizer.special_ids)),
+                                params.stop) >= 0:
                             finish[i] = "stop"
                             text = tokenizer.decode(out_tokens[i])
                             texts[i] = text[:_stop_match(text, params.stop)]
+                    if on_step is not None:
+                        on_step(out_tokens, [bool(f) for f in finish])
                     if all(finish):
                         break
     finally:

@@ -1,12 +1,14 @@
 """Tokenizers behind one small interface: bytes for the tiny default, HF `tokenizers` for real models.
 
 Both have `vocab_size`, `pad_id`, `bos_id` (or None), `eos_id`, `encode(text)`,
-`decode(ids, skip_special=True)` and `special_ids`. `load_tokenizer("byte")` gives the byte
-tokenizer; a HF checkpoint directory (or its tokenizer.json) gives the HF one.
+`decode(ids, skip_special=True)`, `token_bytes(id)`, `special_ids` and `max_token_bytes`.
+`load_tokenizer("byte")` gives the byte tokenizer; a HF checkpoint directory (or its
+tokenizer.json) gives the HF one.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -24,10 +26,16 @@ class Tokenizer(Protocol):
     bos_id: int | None
     eos_id: int
     special_ids: frozenset[int]
+    max_token_bytes: int      # most UTF-8 bytes of input text one token covers: B bytes are >= B / this tokens
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of text one token stands for (part of a UTF-8 character, for some), a special
+        token's own string."""
+        ...
 
     def token_id(self, token: str) -> int | None:
         """The id of a special token's string, None when the vocabulary has no such token."""
@@ -44,6 +52,7 @@ class ByteTokenizer:
         self.pad_id, self.bos_id, self.eos_id = 256, 257, 258
         self.vocab_size = 256 + len(self.SPECIALS)
         self.special_ids = frozenset(range(256, self.vocab_size))
+        self.max_token_bytes = 1   # special-token strings are plain text here: a byte each
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Ids of the UTF-8 bytes of `text` (special-token strings are plain text here)."""
@@ -62,6 +71,9 @@ class ByteTokenizer:
                 out.append(self.SPECIALS[i - 256])
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if token_id < 256 else self.SPECIALS[token_id - 256].encode()
 
     def token_id(self, token: str) -> int | None:
         return 256 + self.SPECIALS.index(token) if token in self.SPECIALS else None
@@ -98,8 +110,40 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """A byte-level vocabulary's entry spelled back into its bytes; otherwise (a special token,
+        another kind of vocabulary) the token's decoded text."""
+        entry = self._tok.id_to_token(token_id)
+        alphabet = _byte_level_alphabet()
+        if (token_id not in self.special_ids and entry is not None and type(self._tok.decoder).__name__ == "ByteLevel"
+                and all(c in alphabet for c in entry)):
+            return bytes(alphabet[c] for c in entry)
+        return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest vocabulary entry in UTF-8 bytes, which is never fewer than the bytes of text
+        its token stands for (a byte-level entry spells each byte as one character, a sentencepiece
+        one a space as U+2581); three times that behind a normalizer (composing characters, as
+        NFC does, shortens a text at most threefold: three Hangul jamo into one syllable). A bound,
+        found without tokenizing, on how few tokens a text can be: what lets a server refuse a
+        prompt too long for its context before encoding it."""
+        longest = max(len(token.encode("utf-8")) for token in self._tok.get_vocab(with_added_tokens=True))
+        return longest * (3 if self._tok.normalizer is not None else 1)
+
+
+@functools.cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (that of `tokenizers`' ByteLevel): the byte each character of a
+    byte-level vocabulary entry spells. Printable bytes spell themselves; the others, in order,
+    the characters from U+0100 on."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + k): b for k, b in enumerate(others)}
 
 
 def _special_ids(root: Path, tok) -> dict[str, int | None]:

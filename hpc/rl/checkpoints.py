@@ -1,5 +1,6 @@
 """A training run's checkpoints: how a trainer saves a step whole or not at all and resumes from
-the newest whole one, and how an evaluation (or `hpc serve`) finds a run's policy and loads it.
+the newest whole one, and how an evaluation (or `hpc serve`) finds a run's policy and what it was
+trained with.
 
 RUN/checkpoints/ holds one megatron dist-checkpoint root per model (policy/, critic/, and
 reference/ while a PPO stage's KL reference exists: iter_N folders, each written to a staging
@@ -26,7 +27,6 @@ from hpc.rl.train_config import BPE_KINDS, TrainConfig, saved_train_config, trai
 
 if TYPE_CHECKING:
     from hpc.policy.config import PolicyModelConfig
-    from hpc.policy.serve import ServedPolicy
     from hpc.rl.rollout import Sample
 
 STATE_FILE = "trainer.json"
@@ -109,17 +109,6 @@ def find_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
         raise UserError(f"policy {path}: step {step} is not a complete checkpoint (no {ckpt_state.name} or {META})")
     config = saved_train_config(json.loads(ckpt_state.read_text())["config"])
     return PolicyCheckpoint(root.parent.parent, step, config)
-
-
-def load_policy(ckpt: PolicyCheckpoint) -> ServedPolicy:
-    """The checkpoint's policy for sampling, in this process alone (TP = PP = 1), with its
-    tokenizer and chat format: what `hpc serve` loads."""
-    from hpc.policy.serve import ServerConfig, load_served_policy
-
-    cfg = ckpt.config
-    return load_served_policy(ServerConfig(checkpoint=str(ckpt.root), step=ckpt.step, tokenizer=ckpt.tokenizer,
-                                           chat_format=cfg.chat_format, model_name=ckpt.label,
-                                           include_system=cfg.include_system, seed=cfg.seed))
 
 
 def complete_step(root: Path) -> int | None:

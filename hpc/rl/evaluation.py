@@ -1,10 +1,11 @@
 """Evaluate a trained policy as an agent over a task suite (`jobs/evaluate.py TASKS --policy CKPT`).
 
-Each array task loads the policy of a training run's checkpoint (`hpc.rl.checkpoints.load_policy`:
-its tokenizer, chat format and weights), plays its share of the (task, sample) pairs as agent
-episodes with `rollout` (batched generation, multi- or single-turn, the run's agent limits unless
-overridden), has the evaluator score them, and writes to its shard file, per sample, the record of
-the rewarded state (the best by speedup over torch.compile, or the final one) and the trajectory
+Each array task loads the policy of a training run's checkpoint
+(`hpc.policy.serve.load_served_policy`: its weights, with the tokenizer and chat format the run
+trained with), plays its share of the (task, sample) pairs as agent episodes with `rollout`
+(batched generation, multi- or single-turn, the run's agent limits unless overridden), has the
+evaluator score them, and writes to its shard file, per sample, the record of the rewarded state
+(the best by speedup over torch.compile, or the final one) and the trajectory
 (`EvaluationWriter`). A sample's record has the candidate path `policy:<checkpoint>#<task id>/<k>`,
 which is its key (`hpc.results.merge.record_key`): a re-run skips the samples its file holds, and
 the merge keeps each sample once. The file's attributes name the checkpoint and the model label
@@ -131,9 +132,9 @@ def evaluate_shard(ev: PolicyEvaluation, items: list[tuple[str, int]], shard: in
     from hpc.config import config_to_dict
     from hpc.engine import Item, run_items
     from hpc.policy.generate import SamplingParams
+    from hpc.policy.serve import ServerConfig, load_served_policy
     from hpc.results.hdf5 import provenance
     from hpc.rl.rollout import rollout
-    from hpc.rl.checkpoints import load_policy
     from hpc.sandbox.prestart import prestarted_workers
     from hpc.task import load_task
 
@@ -149,7 +150,8 @@ def evaluate_shard(ev: PolicyEvaluation, items: list[tuple[str, int]], shard: in
         """The samples' episodes, a batch at a time; the policy loads only when one is left to play."""
         if not todo:
             return
-        policy = load_policy(ev.checkpoint)
+        policy = load_served_policy(ServerConfig(checkpoint=str(ev.checkpoint.directory),
+                                                 model_name=ev.checkpoint.label, seed=run_cfg.seed))
         backend = CachedBackend(LocalBackend(cfg))   # an identical state of a task is scored once
         count = lambda text: len(policy.tokenizer.encode(text))  # noqa: E731
         with prestarted_workers():   # the next evaluation's processes start while one runs
