@@ -25,7 +25,8 @@ INTEGRATION_FILES = frozenset({
     "test_agent_episode", "test_agent_pool", "test_analysis", "test_cli", "test_compile", "test_confinement",
     "test_evaluate_job", "test_evaluate_policy", "test_hacks", "test_odd_input", "test_policy_parallel",
     "test_pool", "test_prestart", "test_rl_pipeline", "test_samples", "test_sandbox", "test_slurm_templates",
-    "test_solutions", "test_synthesis_job", "test_train"})
+    "test_solutions", "test_synthesis_job", "test_train_config", "test_train_default", "test_train_faults",
+    "test_train_parallel", "test_train_recipe"})
 
 
 # The longest files, started first so that no worker is left alone with one of them at the end.
