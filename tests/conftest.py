@@ -25,19 +25,21 @@ INTEGRATION_FILES = frozenset({
     "test_agent_episode", "test_agent_pool", "test_analysis", "test_cli", "test_compile", "test_confinement",
     "test_evaluate_job", "test_evaluate_policy", "test_hacks", "test_odd_input", "test_policy_parallel",
     "test_pool", "test_prestart", "test_rl_pipeline", "test_samples", "test_sandbox", "test_slurm_templates",
-    "test_solutions", "test_synthesis_job", "test_train"})
+    "test_solutions", "test_synthesis_job", "test_train_config", "test_train_default", "test_train_faults",
+    "test_train_parallel", "test_train_recipe"})
 
 
 # The longest files, started first so that no worker is left alone with one of them at the end.
-LONGEST_FIRST = ("test_solutions", "test_train", "test_hacks", "test_compile", "test_synthesis",
-                 "test_evaluate_job", "test_slurm_templates", "test_pool", "test_sandbox")
+LONGEST_FIRST = ("test_train_default", "test_hacks", "test_solutions", "test_train_parallel", "test_pool",
+                 "test_train_faults", "test_slurm_templates", "test_synthesis", "test_compile", "test_sandbox",
+                 "test_cli", "test_odd_input", "test_samples", "test_train_recipe", "test_evaluate_job")
 
 
 def pytest_collection_modifyitems(config, items):
     """Integration tests (a real evaluation or Slurm, or a file of them) are marked slow: the unit
     tier, `scripts/test.sh --fast` (`-m "not slow"`), leaves them out. The longest files come
-    first: pytest-xdist (`--dist loadfile`, scripts/test.sh) hands files to workers in collection
-    order."""
+    first: pytest-xdist (`--dist loadfile --no-loadscope-reorder`, scripts/test.sh) hands files to
+    workers in collection order."""
     for item in items:
         if set(getattr(item, "fixturenames", ())) & INTEGRATION_FIXTURES or item.path.stem in INTEGRATION_FILES:
             item.add_marker(pytest.mark.slow)

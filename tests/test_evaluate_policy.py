@@ -16,7 +16,7 @@ import pytest
 from hpc.results.hdf5 import file_attrs, read_records
 from hpc.results.training import read_trajectories
 from tests.conftest import ROOT, plumbing_config
-from tests.test_train import small_config
+from tests.train_support import small_config
 
 TASK = "level1/04_max_dim"
 SAMPLES = 3

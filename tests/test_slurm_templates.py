@@ -149,7 +149,7 @@ def test_train_template_trains_with_the_reward_pool_in_one_job(slurm, tmp_path, 
     """train.sbatch under srun --mpi=pmix: rank 0 trains, ranks 1-2 score its episodes; a
     second submission of the finished run resumes it and trains nothing twice."""
     from hpc.results.training import read_steps, read_trajectories
-    from tests.test_train import small_config
+    from tests.train_support import small_config
 
     config = small_config(tmp_path, stages=[{"name": "warmup_sft", "kind": "sft", "steps": 2, "batch_size": 2},
                                             {"name": "measure", "kind": "measure", "steps": 1}])
