@@ -18,7 +18,9 @@ byte default whose vocabulary is not the checkpoint's is refused.
     GET  /v1/models/MODEL           {"id": MODEL, "object": "model", ...}
     POST /v1/chat/completions       messages, max_tokens | max_completion_tokens, temperature, top_p,
                                     stop (string or list), seed, n, logprobs, top_logprobs, stream,
-                                    stream_options; OpenAI's response shape (`hpc.policy.openai_api`)
+                                    stream_options.include_usage; OpenAI's response shape. Every other
+                                    field is accepted only where it changes nothing in the answer, or
+                                    refused by name (`hpc.policy.openai_api`)
 
 Concurrency: every connection has its own thread, which reads, parses and tokenizes its request;
 generation is serialized by a lock (one batch at a time: the `n` samples of one request are one
