@@ -410,10 +410,10 @@ def test_every_field_the_openai_client_can_send_is_honoured_accepted_or_refused(
 def test_fields_asking_for_nothing_are_accepted_and_any_other_value_is_refused_by_name(local, server):
     (expected,), _ = local_replies(local, MESSAGES, max_new_tokens=8, temperature=0)
     create = openai_client(server).chat.completions.create
-    reply = create(model=NAME, messages=MESSAGES, temperature=0, max_tokens=8, presence_penalty=0, frequency_penalty=0.0,
-                   logit_bias={}, response_format={"type": "text"}, tools=[], tool_choice="none", modalities=["text"],
-                   store=False, service_tier="auto", user="u1", safety_identifier="s1", prompt_cache_key="k1",
-                   metadata={"run": "test"})
+    reply = create(model=NAME, messages=MESSAGES, temperature=0, max_tokens=8, presence_penalty=0,
+                   frequency_penalty=0.0, logit_bias={}, response_format={"type": "text"}, tools=[], tool_choice="none",
+                   modalities=["text"], store=False, service_tier="auto", user="u1", safety_identifier="s1",
+                   prompt_cache_key="k1", metadata={"run": "test"})
     assert reply.choices[0].message.content == expected
     for field, value in (("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"65": 10}),
                          ("response_format", {"type": "json_object"}), ("reasoning_effort", "low"),
