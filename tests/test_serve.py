@@ -473,24 +473,28 @@ def test_a_raw_stream_is_server_sent_events_ending_in_done(local, server):
         assert [bytes(e["bytes"]) for e in logprobs] == [TOK.token_bytes(t) for t in c.tokens]
 
 
-def test_logprobs_are_those_the_trainer_computes(local, server):
+@pytest.mark.parametrize("temperature", [0.7, 0])
+def test_logprobs_are_those_the_trainer_computes(local, server, temperature):
+    """At the request's temperature T (1 when greedy): the trainer's log-probs at rollout.temperature
+    T, which are the sampler's, and the top tokens of log_softmax(logits / T)."""
     from hpc.policy.model import forward_logits, mask_padded_vocab, sequence_logprobs
 
     _, cfg, net = local
-    (text,), (c,) = local_replies(local, MESSAGES, max_new_tokens=12, temperature=0.7, seed=11)
-    reply = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=0.7, seed=11,
-                                                          max_tokens=12, logprobs=True, top_logprobs=3)
+    (text,), (c,) = local_replies(local, MESSAGES, max_new_tokens=12, temperature=temperature, seed=11)
+    reply = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=temperature,
+                                                          seed=11, max_tokens=12, logprobs=True, top_logprobs=3)
     assert reply.choices[0].message.content == text
     content = reply.choices[0].logprobs.content
     assert [bytes(e.bytes) for e in content] == [TOK.token_bytes(t) for t in c.tokens]
     prompt = FMT.render(MESSAGES)
     sequence = torch.tensor([prompt + c.tokens])
+    scale = temperature or 1.0
     with torch.no_grad():
-        trainer, _ = sequence_logprobs(net, sequence, None, cfg.vocab_size, False)
-        top = torch.log_softmax(mask_padded_vocab(forward_logits(net, sequence)[0, len(prompt) - 1:-1].float(),
-                                                  cfg.vocab_size), -1).topk(3)
+        trainer, _ = sequence_logprobs(net, sequence, None, cfg.vocab_size, False, scale)
+        logits = forward_logits(net, sequence)[0, len(prompt) - 1:-1].float()
+        top = torch.log_softmax(mask_padded_vocab(logits / scale, cfg.vocab_size), -1).topk(3)
     assert [e.logprob for e in content] == pytest.approx(trainer[0, len(prompt) - 1:].tolist(), abs=1e-5)
-    assert [e.logprob for e in content] != pytest.approx(c.logprobs, abs=1e-3)   # not the sampler's, at T = 0.7
+    assert [e.logprob for e in content] == pytest.approx(c.logprobs, abs=1e-4)     # the sampler's
     for e, values, ids in zip(content, top.values.tolist(), top.indices.tolist()):
         assert [t.logprob for t in e.top_logprobs] == pytest.approx(values, abs=1e-5)
         assert [bytes(t.bytes) for t in e.top_logprobs] == [TOK.token_bytes(i) for i in ids]
