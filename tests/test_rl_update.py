@@ -123,6 +123,37 @@ def test_at_a_rollout_temperature_the_first_minibatch_has_ratio_one(parallel, mo
     assert second.approx_kl > 1e-5, second      # the first step moved the policy: ratio 1 is not "no update"
 
 
+def test_the_ppo_stage_updates_at_its_rollout_temperature(parallel, tmp_path):
+    """The `ppo` stage's learning step (`hpc.rl.stages`) on samples drawn at rollout.temperature
+    0.7 passes that temperature to the update and the reference: its one optimizer step sees
+    ratio 1 (nothing clipped, k3 KL 0) and the KL to the reference it began with is 0."""
+    from types import SimpleNamespace
+
+    from hpc.rl.rollout import Sample
+    from hpc.rl.stages import HANDLERS
+    from hpc.rl.train_config import load_train_config
+    from tests.train_support import small_config
+
+    train = load_train_config(small_config(tmp_path))
+    train.rollout.temperature = 0.7
+    assert train.rl.algorithm == "ppo" and train.rl.ppo_epochs == train.rl.minibatches == 1 and train.rl.kl_coef > 0
+    cfg, policy, critic = _models(4)
+    trainer = SimpleNamespace(cfg=train, model_cfg=cfg, policy=policy, critic=critic, tokenizer=TOK,
+                              device=torch.device("cpu"), microbatches=1, position=SimpleNamespace(step=0),
+                              actor_opt=torch.optim.Adam(policy.parameters(), lr=1e-2),
+                              critic_opt=torch.optim.Adam(critic.parameters(), lr=1e-2))
+    trainer.frozen_copy = lambda: _models(4)[1].requires_grad_(False)   # the same seed: the same weights
+    stage = train.stages[-1]
+    HANDLERS["ppo"].enter(trainer, stage)
+    completions = generate(policy, cfg, TOK, [PROMPT] * 4, SamplingParams(max_new_tokens=4, temperature=0.7, seed=3,
+                                                                        stop_token_ids=[]))
+    samples = [Sample("t", 0, PROMPT + c.tokens, [False] * len(PROMPT) + [True] * len(c.tokens),
+                      [0.0] * len(PROMPT) + c.logprobs, 1.0 if c.tokens[0] < 128 else -1.0) for c in completions]
+    out = HANDLERS["ppo"].learn(trainer, stage, samples)
+    assert out["optimizer_steps"] == 1 and out["clip_fraction"] == 0.0, out
+    assert abs(out["approx_kl"]) < 1e-8 and abs(out["kl_to_reference"]) < 1e-6, out
+
+
 def _bandit(algorithm: str, epochs: int = 1, minibatches: int = 1, rollouts: int = 15):
     """Learn the bandit from seed 1: one `update` per rollout batch (the single-step path) when
     epochs = minibatches = 1, else `ppo_epochs`. Returns p(good arm) before and after each
