@@ -410,19 +410,25 @@ def test_hidden_states_are_what_the_output_layer_reads_and_restore_post_process(
     assert net.post_process is True
 
 
-def test_sequence_logprobs_materialize_the_logits_under_tensor_parallelism(parallel, monkeypatch):
+@pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
+def test_sequence_logprobs_materialize_the_logits_under_tensor_parallelism(parallel, temperature, monkeypatch):
     """With TP > 1 (the logits' vocabulary split over ranks) the fused head does not apply: the
-    output layer runs and `token_logprobs_and_entropy` reads its gathered logits."""
+    output layer runs and `token_logprobs_and_entropy` reads its gathered logits (the same values,
+    at any temperature, as `vocab_parallel_logprobs` on the unsplit logits)."""
     from megatron.core import parallel_state
 
     cfg, net = _policy(tie=True)
     tokens, pad = _batch(cfg, "right")
     head = _Calls(net.output_layer)
     with torch.no_grad():
-        fused = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True)
+        fused = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True, temperature)
         assert head.count == 0
+        local = model.forward_logits(net, tokens, pad, gather=False)[:, :-1]
+        shard = model.vocab_parallel_logprobs(local, tokens[:, 1:], cfg.vocab_size, temperature)
         monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_world_size", lambda *a, **k: 2)
-        materialized = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True)
-    assert head.count == 1
+        materialized = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True, temperature)
+    assert head.count == 2
     for a, b in zip(fused, materialized):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    real = tokens[:, 1:] < cfg.vocab_size    # a target in the padding: -inf here, a large finite -log p there
+    torch.testing.assert_close(shard[real], fused[0][real], rtol=0, atol=1e-5)
