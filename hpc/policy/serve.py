@@ -43,9 +43,9 @@ token), a last chunk per choice with its `finish_reason`, the usage chunk when
 `logprobs: true` gives, for every generated token (the stop token too: the trainer trains on it),
 the log-prob the trainer computes for it (`hpc.policy.model.sequence_logprobs` over the prompt and
 the reply) at the request's temperature T: log_softmax(logits / T) (T = 1 when greedy), the
-distribution that sampled it before top-p, as the RL trainer computes it at rollout.temperature =
-T; and `top_logprobs: K` the K likeliest tokens at each position under the same distribution. A stream
-sends them in one chunk per choice once its reply is complete (they need the whole reply).
+distribution that sampled it before top-p, as the RL trainer computes it at rollout.temperature
+T; and `top_logprobs: K` the K likeliest tokens at each position under the same distribution. A
+stream sends them in one chunk per choice once its reply is complete (they need the whole reply).
 
 A bad request is OpenAI's error JSON with status 400 (401 without the key, 404 for an unknown
 path or model, 413 for a body too large), never a traceback.
