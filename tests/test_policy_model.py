@@ -1,5 +1,6 @@
 """The policy's training-step paths: log-probs and entropy computed a chunk of positions at a time
-over the real vocabulary columns equal the full fp32 log-softmax (values and gradients), and their
+over the real vocabulary columns equal the full fp32 log-softmax (values and gradients, at
+temperature 1 and at a sampling temperature: log_softmax(logits / T)), and their
 compiled chunk kernels equal the eager ones; the LM head fused into them (`sequence_logprobs`)
 gives the values and parameter gradients of the materialized logits; a right-padded batch runs
 without an explicit mask and gives the same logits at its real positions, and the RMSNorms run in
@@ -22,10 +23,10 @@ VOCAB, WIDTH = 17, 24        # 7 padding columns
 CHUNK = 4                    # positions a chunk when chunked: 11 positions are chunks of 4, 4, 3
 
 
-def _reference(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int):
-    """The whole [..., T, W] log-softmax in fp32 under autograd, padding masked; the entropy
-    over the real columns only (at the padding p log p = 0 x -inf)."""
-    full = torch.log_softmax(mask_padded_vocab(logits.float(), vocab_size), dim=-1)
+def _reference(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, temperature: float = 1.0):
+    """The whole [..., T, W] log-softmax of logits / temperature in fp32 under autograd, padding
+    masked; the entropy over the real columns only (at the padding p log p = 0 x -inf)."""
+    full = torch.log_softmax(mask_padded_vocab(logits.float() / temperature, vocab_size), dim=-1)
     logp = full[..., :vocab_size]
     return full.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
 
@@ -65,20 +66,21 @@ def _grad(out: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
     return grad
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
 @pytest.mark.parametrize("grads", ["both", "logp", "entropy"])
 @pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "chunks of 4, 4, 3"])
 @pytest.mark.parametrize("shape", ["[B, T, V]", "[T, V]"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_logprobs_and_entropy_equal_the_full_log_softmax(dtype, shape, chunked, grads, monkeypatch):
+def test_logprobs_and_entropy_equal_the_full_log_softmax(dtype, shape, chunked, grads, temperature, monkeypatch):
     out, logits, targets = _logits(dtype, shape)
     if chunked:
         monkeypatch.setattr(model, "_CHUNK_ELEMENTS", _chunk_elements(logits))
     assert [len(range(11)[c]) for c in model._position_chunks(11, logits[..., 0, :].numel())] == \
         ([4, 4, 3] if chunked else [11])
 
-    logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
+    logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB, temperature)
     grad = _grad(out, _loss(logp, entropy, grads))
-    ref_logp, ref_entropy = _reference(logits, targets, VOCAB)
+    ref_logp, ref_entropy = _reference(logits, targets, VOCAB, temperature)
     ref_grad = _grad(out, _loss(ref_logp, ref_entropy, grads))
 
     assert logp.dtype == entropy.dtype == torch.float32 and logp.shape == entropy.shape == targets.shape
@@ -92,7 +94,7 @@ def test_logprobs_and_entropy_equal_the_full_log_softmax(dtype, shape, chunked, 
     else:   # both round the same fp32 gradient to bf16, up to fp32 rounding: at most an ulp apart
         torch.testing.assert_close(grad, ref_grad, rtol=2 ** -7, atol=1e-5)
     if grads == "logp":     # token_logprobs: the same values, and no entropy gradient at all
-        alone = token_logprobs(logits, targets, VOCAB)
+        alone = token_logprobs(logits, targets, VOCAB, temperature)
         assert torch.equal(alone, logp)
         torch.testing.assert_close(_grad(out, _loss(alone, entropy.detach(), "logp")), grad, rtol=0, atol=0)
 
@@ -109,21 +111,21 @@ def test_the_compiled_chunks_equal_the_eager_ones_and_compile_once(monkeypatch, 
     """The CUDA path (the chunk functions under torch.compile) run by CPU inductor: the same
     values and gradients as eager, and one graph per function for chunks of 4, 4, 3 positions,
     another sequence length, a missing upstream gradient (dynamic shapes, zeros for None), and
-    logits that do not require grad (scoring without a backward)."""
+    logits that do not require grad (scoring without a backward), and another temperature."""
     torch._dynamo.reset()
     model._compiled.cache_clear()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     results = {}
     for compiled in (False, True):
         monkeypatch.setattr(model, "_COMPILED_DEVICES", frozenset({"cpu"} if compiled else ()))
-        for length in (12, 8):
+        for length, temperature in ((12, 1.0), (8, 1.0), (12, 0.7)):
             out, logits, targets = _logits(torch.bfloat16, "[B, T, V]", length=length)
             monkeypatch.setattr(model, "_CHUNK_ELEMENTS", _chunk_elements(logits))
             for grads in ("both", "logp", "entropy"):
-                logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
-                results[compiled, length, grads] = logp, entropy, _grad(out, _loss(logp, entropy, grads))
+                logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB, temperature)
+                results[compiled, length, temperature, grads] = logp, entropy, _grad(out, _loss(logp, entropy, grads))
             with torch.no_grad():
-                assert torch.equal(token_logprobs(logits.detach(), targets, VOCAB), logp.detach())
+                assert torch.equal(token_logprobs(logits.detach(), targets, VOCAB, temperature), logp.detach())
     assert model._compiled.cache_info().currsize == 2
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2
     for (compiled, *key), (logp, entropy, grad) in results.items():
@@ -146,24 +148,25 @@ def _head_inputs(dtype: torch.dtype, length: int = 12, batch: int = 3, hidden: i
     return states, weight, targets
 
 
-def _fused_and_materialized(states, weight, targets, grads: str):
+def _fused_and_materialized(states, weight, targets, grads: str, temperature: float):
     """((log p, H), (d hidden, d weight)) of the fused head, then the same of its logits
     materialized ([B, T, W], as GPTModel returns them) and fed to `token_logprobs_and_entropy`."""
     out = []
     for fused in (True, False):
         if fused:
-            logp, entropy = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, True)
+            logp, entropy = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, True, temperature)
         else:
             logits = (states @ weight.t()).transpose(0, 1)
-            logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB)
+            logp, entropy = token_logprobs_and_entropy(logits, targets, VOCAB, temperature)
         out.append(((logp, entropy), torch.autograd.grad(_loss(logp, entropy, grads), (states, weight))))
     return out
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
 @pytest.mark.parametrize("grads", ["both", "logp", "entropy"])
 @pytest.mark.parametrize("chunked", [False, True], ids=["one chunk", "chunks of 4, 4, 3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_fused_head_equals_its_materialized_logits(dtype, chunked, grads, monkeypatch):
+def test_the_fused_head_equals_its_materialized_logits(dtype, chunked, grads, temperature, monkeypatch):
     states, weight, targets = _head_inputs(dtype)
     if chunked:
         monkeypatch.setattr(model, "_CHUNK_ELEMENTS", CHUNK * 3 * VOCAB)
@@ -171,9 +174,9 @@ def test_the_fused_head_equals_its_materialized_logits(dtype, chunked, grads, mo
     assert lengths == ([4, 4, 3] if chunked else [11])
     seen = []
     forward_chunk = model._forward_chunk
-    monkeypatch.setattr(model, "_forward_chunk", lambda x, t: seen.append(x.shape) or forward_chunk(x, t))
+    monkeypatch.setattr(model, "_forward_chunk", lambda x, t, temp: seen.append(x.shape) or forward_chunk(x, t, temp))
     (values, (d_states, d_weight)), (ref_values, (ref_states, ref_weight)) = \
-        _fused_and_materialized(states, weight, targets, grads)
+        _fused_and_materialized(states, weight, targets, grads, temperature)
     assert seen[:len(lengths)] == [(n, 3, VOCAB) for n in lengths]     # the fused chunks: real columns only
 
     assert all(v.dtype == torch.float32 and v.shape == targets.shape for v in values)
@@ -193,7 +196,8 @@ def test_the_fused_head_equals_its_materialized_logits(dtype, chunked, grads, mo
 def test_the_fused_head_compiles_once_and_equals_eager(monkeypatch, no_recompile):
     """The fused head's CUDA path (its chunk functions under torch.compile) run by CPU inductor:
     the eager values and gradients, one graph per function over chunks of 4, 4, 3 positions,
-    another sequence length, a missing upstream gradient and a forward without a backward."""
+    another sequence length, a missing upstream gradient, a forward without a backward and
+    another temperature."""
     torch._dynamo.reset()
     model._compiled.cache_clear()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -201,14 +205,15 @@ def test_the_fused_head_compiles_once_and_equals_eager(monkeypatch, no_recompile
     results = {}
     for compiled in (False, True):
         monkeypatch.setattr(model, "_COMPILED_DEVICES", frozenset({"cpu"} if compiled else ()))
-        for length in (12, 8):
+        for length, temperature in ((12, 1.0), (8, 1.0), (12, 0.7)):
             states, weight, targets = _head_inputs(torch.bfloat16, length=length)
             for grads in ("both", "logp", "entropy"):
-                logp, entropy = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, True)
-                results[compiled, length, grads] = (logp, entropy, *torch.autograd.grad(
+                logp, entropy = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, True, temperature)
+                results[compiled, length, temperature, grads] = (logp, entropy, *torch.autograd.grad(
                     _loss(logp, entropy, grads), (states, weight)))
             with torch.no_grad():
-                logp_only, none = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, False)
+                logp_only, none = model._LinearLogprobsEntropy.apply(states, weight, targets, VOCAB, False,
+                                                                     temperature)
             assert none is None and torch.equal(logp_only, logp.detach())
     assert model._compiled.cache_info().currsize == 2
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2
@@ -331,14 +336,17 @@ class _Calls:
         module.register_forward_hook(lambda *_: setattr(self, "count", self.count + 1))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
 @pytest.mark.parametrize("entropy", [True, False], ids=["entropy", "no entropy"])
 @pytest.mark.parametrize("padding", ["right", "left"])
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
-def test_sequence_logprobs_equal_the_materialized_logits_path(parallel, tie, padding, entropy, monkeypatch):
+def test_sequence_logprobs_equal_the_materialized_logits_path(parallel, tie, padding, entropy, temperature,
+                                                              monkeypatch):
     """The fused LM head against `forward_logits` + `token_logprobs(_and_entropy)`: the same
     log-probs, entropy and gradient of every parameter (the tied embedding's, or the embedding's
-    and the output layer's), over several chunks and the padded vocabulary; the output layer
-    never runs."""
+    and the output layer's), over several chunks and the padded vocabulary, at temperature 1 and
+    at a sampling temperature (log_softmax(logits / T), checked against the full log-softmax);
+    the output layer never runs."""
     cfg, net = _policy(tie)
     tokens, pad = _batch(cfg, padding)
     monkeypatch.setattr(model, "_CHUNK_ELEMENTS", 4 * 3 * cfg.vocab_size)      # 15 positions: 4, 4, 4, 3
@@ -351,14 +359,15 @@ def test_sequence_logprobs_equal_the_materialized_logits_path(parallel, tie, pad
     for fused in (True, False):
         net.zero_grad(set_to_none=True)
         if fused:
-            logp, ent = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, entropy)
+            logp, ent = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, entropy, temperature)
             assert head.count == 0 and net.post_process and seen == []
         else:
             logits = model.forward_logits(net, tokens, pad)[:, :-1]
             if entropy:
-                logp, ent = token_logprobs_and_entropy(logits, tokens[:, 1:], cfg.vocab_size)
+                logp, ent = token_logprobs_and_entropy(logits, tokens[:, 1:], cfg.vocab_size, temperature)
             else:
-                logp, ent = token_logprobs(logits, tokens[:, 1:], cfg.vocab_size), None
+                logp, ent = token_logprobs(logits, tokens[:, 1:], cfg.vocab_size, temperature), None
+            full_logp, full_ent = _reference(logits.detach(), tokens[:, 1:], cfg.vocab_size, temperature)
         assert (ent is None) != entropy
         _loss(logp, ent, grads).backward()
         if fused:
@@ -368,8 +377,10 @@ def test_sequence_logprobs_equal_the_materialized_logits_path(parallel, tie, pad
 
     assert logp.shape == (3, 15) and logp[1, -1] == float("-inf") and torch.isfinite(logp[:, :-1]).all()
     torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-5)
+    torch.testing.assert_close(logp, full_logp, rtol=0, atol=1e-5)
     if entropy:
         torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ent, full_ent, rtol=0, atol=1e-5)
     assert grads.keys() == ref_grads.keys() and all(g is not None for g in grads.values())
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-6 * float(ref_grads[name].abs().max()),
@@ -377,7 +388,7 @@ def test_sequence_logprobs_equal_the_materialized_logits_path(parallel, tie, pad
     out = "embedding.word_embeddings.weight" if tie else "output_layer.weight"
     assert torch.all(grads[out][cfg.vocab_size:] == 0) and grads[out][:cfg.vocab_size].abs().sum() > 0
     with torch.no_grad():      # scoring (the reference policy): the same values without a graph
-        scored, none = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, False)
+        scored, none = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, False, temperature)
     assert none is None and torch.equal(scored, logp.detach())
 
 
@@ -399,19 +410,25 @@ def test_hidden_states_are_what_the_output_layer_reads_and_restore_post_process(
     assert net.post_process is True
 
 
-def test_sequence_logprobs_materialize_the_logits_under_tensor_parallelism(parallel, monkeypatch):
+@pytest.mark.parametrize("temperature", [1.0, 0.7], ids=["T=1", "T=0.7"])
+def test_sequence_logprobs_materialize_the_logits_under_tensor_parallelism(parallel, temperature, monkeypatch):
     """With TP > 1 (the logits' vocabulary split over ranks) the fused head does not apply: the
-    output layer runs and `token_logprobs_and_entropy` reads its gathered logits."""
+    output layer runs and `token_logprobs_and_entropy` reads its gathered logits (the same values,
+    at any temperature, as `vocab_parallel_logprobs` on the unsplit logits)."""
     from megatron.core import parallel_state
 
     cfg, net = _policy(tie=True)
     tokens, pad = _batch(cfg, "right")
     head = _Calls(net.output_layer)
     with torch.no_grad():
-        fused = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True)
+        fused = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True, temperature)
         assert head.count == 0
+        local = model.forward_logits(net, tokens, pad, gather=False)[:, :-1]
+        shard = model.vocab_parallel_logprobs(local, tokens[:, 1:], cfg.vocab_size, temperature)
         monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_world_size", lambda *a, **k: 2)
-        materialized = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True)
-    assert head.count == 1
+        materialized = model.sequence_logprobs(net, tokens, pad, cfg.vocab_size, True, temperature)
+    assert head.count == 2
     for a, b in zip(fused, materialized):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    real = tokens[:, 1:] < cfg.vocab_size    # a target in the padding: -inf here, a large finite -log p there
+    torch.testing.assert_close(shard[real], fused[0][real], rtol=0, atol=1e-5)

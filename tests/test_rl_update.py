@@ -1,6 +1,7 @@
 """The RL update on the real (tiny, CPU) megatron policy: the batch lines up with the sampler's
-log-probs, PPO (with its critic) and GRPO each learn a bandit the policy starts indifferent to, and
-several epochs of minibatches per rollout batch (ppo_epochs) step, slice and learn as they should."""
+log-probs (at temperature 1 and at a rollout temperature: ratio 1 at the first step), PPO (with
+its critic) and GRPO each learn a bandit the policy starts indifferent to, and several epochs of
+minibatches per rollout batch (ppo_epochs) step, slice and learn as they should."""
 
 from __future__ import annotations
 
@@ -78,6 +79,79 @@ def test_a_fresh_batch_has_ratio_one_under_the_policy_that_sampled_it(parallel):
     stats = update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, load_rl_config({"algorithm": "grpo",
                    "group_size": 2}), cfg.vocab_size)
     assert stats.clip_fraction == 0.0 and abs(stats.approx_kl) < 1e-6
+
+
+def test_at_a_rollout_temperature_the_first_minibatch_has_ratio_one(parallel, monkeypatch):
+    """Sampled at rollout.temperature 0.7, the sampler's log-probs are log_softmax(logits / 0.7).
+    The update at that temperature (as the ppo stage passes it) recomputes the same: the first
+    minibatch's ratio is 1 to fp32 rounding (at T = 1 it would be p_1 / p_0.7, far from 1), nothing
+    is clipped, its KL to the reference (the same weights, scored by `reference_logprobs` at 0.7)
+    is 0, and its entropy is that of the scaled distribution."""
+    from hpc.policy.model import forward_logits, mask_padded_vocab
+    from hpc.rl import update as update_module
+    from hpc.rl.supervised import reference_logprobs
+
+    temperature = 0.7
+    cfg, policy, critic = _models(3)
+    completions = generate(policy, cfg, TOK, [PROMPT] * 8, SamplingParams(max_new_tokens=4, temperature=temperature,
+                                                                        seed=9, stop_token_ids=[]))
+    batch = make_batch([PROMPT] * 8, [c.tokens for c in completions], [c.logprobs for c in completions],
+                       [1.0 if c.tokens[0] < 128 else -1.0 for c in completions], TOK.pad_id)
+    live = batch.action_mask.bool()
+    ref = reference_logprobs(policy, batch, cfg.vocab_size, temperature)
+    torch.testing.assert_close(ref[live], batch.old_logprobs[live], rtol=0, atol=1e-5)
+    with torch.no_grad():
+        logits = forward_logits(policy, batch.tokens, batch.pad_mask)[:, :-1].float()
+        scaled = torch.softmax(mask_padded_vocab(logits, cfg.vocab_size) / temperature, -1)
+        entropy = torch.special.entr(scaled).sum(-1)
+    seen = []
+    policy_loss = update_module.policy_loss
+    monkeypatch.setattr(update_module, "policy_loss", lambda logp, old, adv, mask, *a: seen.append(
+        (logp.detach(), old, mask)) or policy_loss(logp, old, adv, mask, *a))
+    rl = load_rl_config({"algorithm": "ppo", "minibatches": 2, "actor_lr": 2e-2, "critic_lr": 2e-2, "kl_coef": 0.1,
+                         "entropy_coef": 0.01})
+    stats = ppo_epochs(policy, torch.optim.Adam(policy.parameters(), lr=rl.actor_lr), batch, rl, cfg.vocab_size,
+                       critic=critic, critic_opt=torch.optim.Adam(critic.parameters(), lr=rl.critic_lr),
+                       ref_logprobs=ref, rng=random.Random(4), temperature=temperature)
+    logp, old, mask = seen[0]
+    ratio = (logp - old)[mask.bool()].exp()
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-5)
+    first, second = stats.steps
+    assert first.clip_fraction == 0.0 and abs(first.approx_kl) < 1e-8 and abs(first.kl_to_reference) < 1e-6, first
+    rows = minibatch_rows(8, 2, random.Random(4))[0]
+    assert first.entropy == pytest.approx(float(masked_mean(entropy[rows], batch.action_mask[rows])), rel=1e-5)
+    assert second.approx_kl > 1e-5, second      # the first step moved the policy: ratio 1 is not "no update"
+
+
+def test_the_ppo_stage_updates_at_its_rollout_temperature(parallel, tmp_path):
+    """The `ppo` stage's learning step (`hpc.rl.stages`) on samples drawn at rollout.temperature
+    0.7 passes that temperature to the update and the reference: its one optimizer step sees
+    ratio 1 (nothing clipped, k3 KL 0) and the KL to the reference it began with is 0."""
+    from types import SimpleNamespace
+
+    from hpc.rl.rollout import Sample
+    from hpc.rl.stages import HANDLERS
+    from hpc.rl.train_config import load_train_config
+    from tests.train_support import small_config
+
+    train = load_train_config(small_config(tmp_path))
+    train.rollout.temperature = 0.7
+    assert train.rl.algorithm == "ppo" and train.rl.ppo_epochs == train.rl.minibatches == 1 and train.rl.kl_coef > 0
+    cfg, policy, critic = _models(4)
+    trainer = SimpleNamespace(cfg=train, model_cfg=cfg, policy=policy, critic=critic, tokenizer=TOK,
+                              device=torch.device("cpu"), microbatches=1, position=SimpleNamespace(step=0),
+                              actor_opt=torch.optim.Adam(policy.parameters(), lr=1e-2),
+                              critic_opt=torch.optim.Adam(critic.parameters(), lr=1e-2))
+    trainer.frozen_copy = lambda: _models(4)[1].requires_grad_(False)   # the same seed: the same weights
+    stage = train.stages[-1]
+    HANDLERS["ppo"].enter(trainer, stage)
+    completions = generate(policy, cfg, TOK, [PROMPT] * 4, SamplingParams(max_new_tokens=4, temperature=0.7, seed=3,
+                                                                        stop_token_ids=[]))
+    samples = [Sample("t", 0, PROMPT + c.tokens, [False] * len(PROMPT) + [True] * len(c.tokens),
+                      [0.0] * len(PROMPT) + c.logprobs, 1.0 if c.tokens[0] < 128 else -1.0) for c in completions]
+    out = HANDLERS["ppo"].learn(trainer, stage, samples)
+    assert out["optimizer_steps"] == 1 and out["clip_fraction"] == 0.0, out
+    assert abs(out["approx_kl"]) < 1e-8 and abs(out["kl_to_reference"]) < 1e-6, out
 
 
 def _bandit(algorithm: str, epochs: int = 1, minibatches: int = 1, rollouts: int = 15):

@@ -8,6 +8,7 @@ holding up no other, and a training run served with the tokenizer it trained wit
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import select
@@ -206,6 +207,17 @@ def test_stop_strings_end_the_reply_and_are_left_out(local, server):
     ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "top_logprobs: must be in [0, 20]"),
     ({"messages": MESSAGES, "seed": 1 << 63}, "seed: must be in [0, 9223372036854775807]"),
     ({"messages": MESSAGES, "stream_options": {"include_usage": True}}, "only with stream: true"),
+    ({"messages": MESSAGES, "top_k": 5}, "Unrecognized request argument supplied: top_k"),
+    ({"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True, "chunk_size": 2}},
+     "Unrecognized request argument supplied: stream_options.chunk_size"),
+    ({"messages": [{"role": "user", "content": "hi", "tags": []}]},
+     "Unrecognized request argument supplied: messages[0].tags"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "ann"}]}, "messages[0].name: not supported"),
+    ({"messages": MESSAGES, "presence_penalty": 0.5}, "presence_penalty: not supported"),
+    ({"messages": MESSAGES, "logit_bias": {"65": 5}}, "logit_bias: not supported"),
+    ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format: not supported"),
+    ({"messages": MESSAGES, "store": 0}, "store: not supported"),
+    ({"messages": MESSAGES, "user": 7}, "user: expected a string"),
     (b"{not json", "not valid JSON"),
 ])
 def test_bad_requests_are_400_and_the_server_goes_on(server, body, message):
@@ -383,6 +395,38 @@ def test_tools_are_refused_by_name_not_ignored(server):
     assert e.value.code == "tools_not_supported"
 
 
+def test_every_field_the_openai_client_can_send_is_honoured_accepted_or_refused():
+    """The official client's parameters are OpenAI's request fields: each is classified (a new one
+    would otherwise be refused as unrecognized, not silently ignored, but undocumented)."""
+    from openai.resources.chat.completions import Completions
+
+    from hpc.policy.openai_api import FIELDS
+
+    sent = set(inspect.signature(Completions.create).parameters) - {"self", "extra_headers", "extra_query",
+                                                                     "extra_body", "timeout"}
+    assert sent <= set(FIELDS), sorted(sent - set(FIELDS))
+
+
+def test_fields_asking_for_nothing_are_accepted_and_any_other_value_is_refused_by_name(local, server):
+    (expected,), _ = local_replies(local, MESSAGES, max_new_tokens=8, temperature=0)
+    create = openai_client(server).chat.completions.create
+    reply = create(model=NAME, messages=MESSAGES, temperature=0, max_tokens=8, presence_penalty=0,
+                   frequency_penalty=0.0, logit_bias={}, response_format={"type": "text"}, tools=[], tool_choice="none",
+                   modalities=["text"], store=False, service_tier="auto", user="u1", safety_identifier="s1",
+                   prompt_cache_key="k1", metadata={"run": "test"})
+    assert reply.choices[0].message.content == expected
+    for field, value in (("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"65": 10}),
+                         ("response_format", {"type": "json_object"}), ("reasoning_effort", "low"),
+                         ("parallel_tool_calls", False), ("store", True), ("service_tier", "priority"),
+                         ("prediction", {"type": "content", "content": "x"}), ("modalities", ["text", "audio"])):
+        with pytest.raises(openai.BadRequestError, match=f"{field}: not supported by this server") as e:
+            create(model=NAME, messages=MESSAGES, max_tokens=2, **{field: value})
+        assert e.value.param == field and e.value.code == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: top_k") as e:
+        create(model=NAME, messages=MESSAGES, max_tokens=2, extra_body={"top_k": 5, "repetition_penalty": 1.1})
+    assert e.value.param == "top_k"
+
+
 def test_a_stream_sends_the_reply_in_pieces_as_openai_does(local, server):
     (expected,), (c,) = local_replies(local, MESSAGES, max_new_tokens=40, temperature=0)
     chunks = list(openai_client(server).chat.completions.create(
@@ -429,24 +473,28 @@ def test_a_raw_stream_is_server_sent_events_ending_in_done(local, server):
         assert [bytes(e["bytes"]) for e in logprobs] == [TOK.token_bytes(t) for t in c.tokens]
 
 
-def test_logprobs_are_those_the_trainer_computes(local, server):
+@pytest.mark.parametrize("temperature", [0.7, 0])
+def test_logprobs_are_those_the_trainer_computes(local, server, temperature):
+    """At the request's temperature T (1 when greedy): the trainer's log-probs at rollout.temperature
+    T, which are the sampler's, and the top tokens of log_softmax(logits / T)."""
     from hpc.policy.model import forward_logits, mask_padded_vocab, sequence_logprobs
 
     _, cfg, net = local
-    (text,), (c,) = local_replies(local, MESSAGES, max_new_tokens=12, temperature=0.7, seed=11)
-    reply = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=0.7, seed=11,
-                                                          max_tokens=12, logprobs=True, top_logprobs=3)
+    (text,), (c,) = local_replies(local, MESSAGES, max_new_tokens=12, temperature=temperature, seed=11)
+    reply = openai_client(server).chat.completions.create(model=NAME, messages=MESSAGES, temperature=temperature,
+                                                          seed=11, max_tokens=12, logprobs=True, top_logprobs=3)
     assert reply.choices[0].message.content == text
     content = reply.choices[0].logprobs.content
     assert [bytes(e.bytes) for e in content] == [TOK.token_bytes(t) for t in c.tokens]
     prompt = FMT.render(MESSAGES)
     sequence = torch.tensor([prompt + c.tokens])
+    scale = temperature or 1.0
     with torch.no_grad():
-        trainer, _ = sequence_logprobs(net, sequence, None, cfg.vocab_size, False)
-        top = torch.log_softmax(mask_padded_vocab(forward_logits(net, sequence)[0, len(prompt) - 1:-1].float(),
-                                                  cfg.vocab_size), -1).topk(3)
+        trainer, _ = sequence_logprobs(net, sequence, None, cfg.vocab_size, False, scale)
+        logits = forward_logits(net, sequence)[0, len(prompt) - 1:-1].float()
+        top = torch.log_softmax(mask_padded_vocab(logits / scale, cfg.vocab_size), -1).topk(3)
     assert [e.logprob for e in content] == pytest.approx(trainer[0, len(prompt) - 1:].tolist(), abs=1e-5)
-    assert [e.logprob for e in content] != pytest.approx(c.logprobs, abs=1e-3)   # not the sampler's, at T = 0.7
+    assert [e.logprob for e in content] == pytest.approx(c.logprobs, abs=1e-4)     # the sampler's
     for e, values, ids in zip(content, top.values.tolist(), top.indices.tolist()):
         assert [t.logprob for t in e.top_logprobs] == pytest.approx(values, abs=1e-5)
         assert [bytes(t.bytes) for t in e.top_logprobs] == [TOK.token_bytes(i) for i in ids]

@@ -462,13 +462,15 @@ def _position_chunks(positions: int, per_position: int) -> Iterator[slice]:
         yield slice(start, start + step)
 
 
-def _forward_chunk(x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log p(target), logsumexp, entropy) in fp32 per position of real-vocabulary logits x
-    [..., V] of any dtype; a target >= V (in the padding) has log p = -inf. The entropy is
+def _forward_chunk(x: torch.Tensor, targets: torch.Tensor,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log p(target), logsumexp, entropy) in fp32 per position of the distribution
+    softmax(x / temperature) over real-vocabulary logits x [..., V] of any dtype (the lse is that
+    of x / temperature); a target >= V (in the padding) has log p = -inf. The entropy is
     -sum(p log p), a sum of non-negative terms, where lse - sum(p x) would subtract two numbers
     of the logits' size; and no elementwise term feeds two reductions, which inductor would
     otherwise store (on CPU) rather than recompute."""
-    x = x.float()
+    x = x.float() / temperature
     lse = torch.logsumexp(x, dim=-1)
     logp = x - lse.unsqueeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
@@ -478,15 +480,15 @@ def _forward_chunk(x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor
 
 
 def _grad_chunk(x: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, entropy: torch.Tensor,
-                grad_logp: torch.Tensor, grad_entropy: torch.Tensor) -> torch.Tensor:
-    """d(sum g_logp log p(t) + g_H H)/dx in x's dtype for real-vocabulary logits x [..., V]:
-    onehot(t) g_logp - p (g_logp + g_H (log p + H)), elementwise from the forward's lse and H.
-    The target term is a column-index compare rather than a scatter, so a compiled kernel
-    fuses it; a target in the padding matches no column."""
-    logp = x.float() - lse.unsqueeze(-1)
+                grad_logp: torch.Tensor, grad_entropy: torch.Tensor, temperature: float) -> torch.Tensor:
+    """d(sum g_logp log p(t) + g_H H)/dx in x's dtype for real-vocabulary logits x [..., V], p
+    = softmax(x / temperature): (onehot(t) g_logp - p (g_logp + g_H (log p + H))) / temperature,
+    elementwise from the forward's lse and H. The target term is a column-index compare rather
+    than a scatter, so a compiled kernel fuses it; a target in the padding matches no column."""
+    logp = x.float() / temperature - lse.unsqueeze(-1)
     scale = grad_logp.unsqueeze(-1) + grad_entropy.unsqueeze(-1) * (logp + entropy.unsqueeze(-1))
     hit = targets.unsqueeze(-1) == torch.arange(x.shape[-1], device=x.device)
-    grad = torch.where(hit, grad_logp.unsqueeze(-1), 0.0) - logp.exp() * scale
+    grad = (torch.where(hit, grad_logp.unsqueeze(-1), 0.0) - logp.exp() * scale) / temperature
     return grad.to(x.dtype)
 
 
@@ -519,25 +521,26 @@ class _LogprobsEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         compiled = logits.device.type in _COMPILED_DEVICES
         chunk_fn = _compiled(_forward_chunk) if compiled else _forward_chunk
         logp = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
         lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
         x = logits.detach()
         for c in _position_chunks(logits.shape[-2], logits[..., 0, :].numel()):
-            logp[..., c], lse[..., c], entropy[..., c] = chunk_fn(x[..., c, :vocab_size], targets[..., c])
+            logp[..., c], lse[..., c], entropy[..., c] = chunk_fn(x[..., c, :vocab_size], targets[..., c],
+                                                                  temperature)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(logits, targets, lse, entropy)
-        ctx.vocab_size, ctx.compiled = vocab_size, compiled
+        ctx.vocab_size, ctx.compiled, ctx.temperature = vocab_size, compiled, temperature
         return logp, entropy if with_entropy else None
 
     @staticmethod
     def backward(ctx: Any, grad_logp: torch.Tensor | None,
-                 grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None, None]:
+                 grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, None, None, None, None]:
         x, targets, lse, entropy = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:
-            return None, None, None, None
+            return None, None, None, None, None
         # A missing upstream gradient is a zero one: one compiled function serves all three cases.
         grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp
         grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy
@@ -547,8 +550,8 @@ class _LogprobsEntropy(torch.autograd.Function):
         grad[..., v:] = 0
         for c in _position_chunks(x.shape[-2], x[..., 0, :].numel()):
             write(grad[..., c, :v], x[..., c, :v], targets[..., c], lse[..., c], entropy[..., c],
-                  grad_logp[..., c], grad_entropy[..., c])
-        return grad, None, None, None
+                  grad_logp[..., c], grad_entropy[..., c], ctx.temperature)
+        return grad, None, None, None, None
 
 
 class _LinearLogprobsEntropy(torch.autograd.Function):
@@ -572,7 +575,7 @@ class _LinearLogprobsEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int,
-                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         compiled = hidden.device.type in _COMPILED_DEVICES
         chunk_fn = _compiled(_forward_chunk) if compiled else _forward_chunk
         head = weight[:vocab_size]
@@ -580,18 +583,19 @@ class _LinearLogprobsEntropy(torch.autograd.Function):
         logp = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
         lse, entropy = torch.empty_like(logp), torch.empty_like(logp)
         for c in _position_chunks(hidden.shape[0], hidden.shape[1] * vocab_size):
-            logp[c], lse[c], entropy[c] = chunk_fn(hidden[c] @ head.t(), targets[c])
+            logp[c], lse[c], entropy[c] = chunk_fn(hidden[c] @ head.t(), targets[c], temperature)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
-        ctx.vocab_size, ctx.compiled = vocab_size, compiled
+        ctx.vocab_size, ctx.compiled, ctx.temperature = vocab_size, compiled, temperature
         return logp.t().contiguous(), entropy.t().contiguous() if with_entropy else None
 
     @staticmethod
     def backward(ctx: Any, grad_logp: torch.Tensor | None,
-                 grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+                 grad_entropy: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None,
+                                                             None]:
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         grad_logp = torch.zeros_like(lse) if grad_logp is None else grad_logp.t().contiguous()
         grad_entropy = torch.zeros_like(lse) if grad_entropy is None else grad_entropy.t().contiguous()
         write = _compiled(_write_grad_chunk) if ctx.compiled else _write_grad_chunk
@@ -602,33 +606,39 @@ class _LinearLogprobsEntropy(torch.autograd.Function):
         for c in _position_chunks(hidden.shape[0], hidden.shape[1] * v):
             logits = hidden[c] @ head.t()
             grad_logits = torch.empty_like(logits)
-            write(grad_logits, logits, targets[c], lse[c], entropy[c], grad_logp[c], grad_entropy[c])
+            write(grad_logits, logits, targets[c], lse[c], entropy[c], grad_logp[c], grad_entropy[c],
+                  ctx.temperature)
             rows = grad_logits.flatten(0, 1)
             torch.mm(rows, head, out=grad_hidden[c].flatten(0, 1))
             grad_weight[:v].addmm_(rows.t(), hidden[c].flatten(0, 1))
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """log p(target) [..., T] in fp32 under gathered logits [..., T, V] over their first
-    `vocab_size` columns (a target in the padding gets -inf), a chunk of positions at a time:
-    `token_logprobs_and_entropy`."""
-    return _LogprobsEntropy.apply(logits, targets, vocab_size, False)[0]
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) [..., T] in fp32 under p = softmax(logits / temperature) of gathered logits
+    [..., T, V] over their first `vocab_size` columns (a target in the padding gets -inf), a chunk
+    of positions at a time: `token_logprobs_and_entropy`."""
+    return _LogprobsEntropy.apply(logits, targets, vocab_size, False, temperature)[0]
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                               vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(log p(target), entropy of the next-token distribution), both [..., T] in fp32, from
     gathered logits [..., T, V] of any dtype over their first `vocab_size` columns: the values
-    and gradients of log_softmax(mask_padded_vocab(logits.float())) without a [..., T, V] fp32
-    tensor (on CUDA, fused compiled kernels a chunk of positions at a time)."""
-    return _LogprobsEntropy.apply(logits, targets, vocab_size, True)
+    and gradients of log_softmax(mask_padded_vocab(logits.float()) / temperature) without a
+    [..., T, V] fp32 tensor (on CUDA, fused compiled kernels a chunk of positions at a time).
+    `temperature` is the sampler's (`hpc.policy.generate`): an RL trainer's log-probs, entropy
+    and reference log-probs are those of the distribution its rollouts were sampled from."""
+    return _LogprobsEntropy.apply(logits, targets, vocab_size, True, temperature)
 
 
 def sequence_logprobs(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: torch.Tensor | None,
-                      vocab_size: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                      vocab_size: int, entropy: bool,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(log p(tokens[:, 1:]) from positions [:, :-1], the entropy there if `entropy` else None),
-    [B, S-1] fp32: what the trainer's losses read. A single-stage GPTModel on one TP rank
+    [B, S-1] fp32, p = softmax(logits / temperature): what the trainer's losses read (at the
+    rollout's temperature for RL, 1 for fine-tuning). A single-stage GPTModel on one TP rank
     applies its LM head inside the log-prob computation (`hidden_states` and
     `_LinearLogprobsEntropy`), never materializing the [B, S, V] logits or their gradient;
     otherwise (TP > 1, pipeline stages, another module) `forward_logits` and
@@ -643,29 +653,29 @@ def sequence_logprobs(model: torch.nn.Module, tokens: torch.Tensor, pad_mask: to
         weight = (model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights
                   else model.output_layer.weight)
         hidden = hidden_states(model, tokens, pad_mask)[:-1]
-        return _LinearLogprobsEntropy.apply(hidden, weight, targets, vocab_size, entropy)
+        return _LinearLogprobsEntropy.apply(hidden, weight, targets, vocab_size, entropy, temperature)
     logits = forward_logits(model, tokens, pad_mask)
-    return None if logits is None else logits_logprobs(logits, tokens, vocab_size, entropy)
+    return None if logits is None else logits_logprobs(logits, tokens, vocab_size, entropy, temperature)
 
 
-def logits_logprobs(logits: torch.Tensor, tokens: torch.Tensor, vocab_size: int,
-                    entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logits_logprobs(logits: torch.Tensor, tokens: torch.Tensor, vocab_size: int, entropy: bool,
+                    temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sequence_logprobs` from the policy's gathered logits [B, S, V] of `tokens` [B, S] (what
     the last pipeline stage computes it from)."""
     targets = tokens[:, 1:]
     if entropy:
-        return token_logprobs_and_entropy(logits[:, :-1], targets, vocab_size)
-    return token_logprobs(logits[:, :-1], targets, vocab_size), None
+        return token_logprobs_and_entropy(logits[:, :-1], targets, vocab_size, temperature)
+    return token_logprobs(logits[:, :-1], targets, vocab_size, temperature), None
 
 
-def vocab_parallel_logprobs(local_logits: torch.Tensor, targets: torch.Tensor,
-                            vocab_size: int) -> torch.Tensor:
-    """log p(target) from this TP rank's vocabulary shard of the logits, without gathering the
-    full vocabulary: what a trainer uses to recompute the PPO ratio's log-probs under TP."""
+def vocab_parallel_logprobs(local_logits: torch.Tensor, targets: torch.Tensor, vocab_size: int,
+                            temperature: float = 1.0) -> torch.Tensor:
+    """log p(target), p = softmax(logits / temperature), from this TP rank's vocabulary shard of
+    the logits, without gathering the full vocabulary."""
     from megatron.core import parallel_state, tensor_parallel
 
     start = parallel_state.get_tensor_model_parallel_rank() * local_logits.shape[-1]
-    local = mask_padded_vocab(local_logits.float(), vocab_size, start)
+    local = mask_padded_vocab(local_logits.float() / temperature, vocab_size, start)
     # It wants [seq, batch, vocab/tp], returns -log p, and works in place on its input: a copy.
     nll = tensor_parallel.vocab_parallel_cross_entropy(
         local.transpose(0, 1).clone(memory_format=torch.contiguous_format),

@@ -2,19 +2,26 @@
 `ChatRequest` (or refused with a `RequestError`: an HTTP status and OpenAI's error JSON), and the
 objects an answer is made of (a completion, a stream's chunks, log-prob entries).
 
-What the server cannot do is refused by name, never ignored. `tools` and `functions` are refused:
-the policy calls tools in its reply's own text (`<tool_call>` blocks, `hpc.agent.toolcall`) and
-learnt the agent's tool list from the agent's instructions, not from schemas a client sends, so
-a client's tools would be neither shown to it nor followed. So are a message carrying
-`tool_calls`, a content part other than text, and a role other than system, user, assistant and
-tool (tool messages are text, as the agent sends its tool results). Sampling values must be
-finite numbers in OpenAI's ranges (the JSON parser reads `NaN` and `Infinity`; they are 400s).
-The penalties, `logit_bias`, `user` and the like are validated where they are numbers and
-otherwise ignored.
+Every request field is either honoured, accepted because it changes nothing in an answer, or
+refused with a 400 that names it: none is silently ignored (`FIELDS`). A field OpenAI's API does
+not have is refused as OpenAI refuses it ("Unrecognized request argument supplied: X"); so is an
+unknown key of a message or of `stream_options`. A field the server does not implement is
+accepted only with the value that asks for nothing (`presence_penalty: 0`, `logit_bias: {}`,
+`response_format: {"type": "text"}`, ...; null everywhere), any other value is a 400 naming it.
+
+`tools` and `functions` are refused: the policy calls tools in its reply's own text
+(`<tool_call>` blocks, `hpc.agent.toolcall`) and learnt the agent's tool list from the agent's
+instructions, not from schemas a client sends, so a client's tools would be neither shown to it
+nor followed. So are a message carrying `tool_calls` (or a `name`, `tool_call_id`, `audio` or
+`refusal`: the chat format has no place for them), a content part other than text, and a role
+other than system, user, assistant and tool (tool messages are text, as the agent sends its tool
+results). Sampling values must be finite numbers in OpenAI's ranges (the JSON parser reads `NaN`
+and `Infinity`; they are 400s).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -122,12 +129,69 @@ def _messages(body: dict) -> list[dict[str, str]]:
         if role not in ROLES:
             raise RequestError(400, f"messages[{k}].role: expected one of {', '.join(ROLES)}, got {role!r}",
                                "messages")
+        _unrecognized(m, MESSAGE_FIELDS, f"messages[{k}].")
+        for key in ("name", "tool_call_id", "audio", "refusal"):
+            if m.get(key) is not None:
+                raise RequestError(400, f"messages[{k}].{key}: not supported (the chat format has no place for it)",
+                                   "messages", "unsupported_parameter")
         for key in ("tool_calls", "function_call"):
             if m.get(key):
                 raise RequestError(400, f"messages[{k}].{key}: tool calls are not supported (the policy writes "
                                         f"its tool calls in the content)", "messages")
         parsed.append({"role": role, "content": _content(m.get("content"), k)})
     return parsed
+
+
+# OpenAI's chat-completions request fields (its API reference) by what this server does with them.
+HONOURED = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed",
+            "n", "logprobs", "top_logprobs", "stream", "stream_options")
+# Accepted with any value of their JSON type: they ask OpenAI to track, cache or file a request, and
+# an answer of this server is the same with them or without them (it keeps no cache, stores nothing).
+NO_EFFECT: dict[str, type] = {"user": str, "safety_identifier": str, "prompt_cache_key": str,
+                              "prompt_cache_retention": str, "prompt_cache_options": dict, "metadata": dict}
+# Not implemented: accepted only with null or a value that asks for nothing (listed), else a 400.
+NOTHING: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},),
+    "response_format": ({"type": "text"},), "tools": ([],), "functions": ([],), "tool_choice": ("none",),
+    "function_call": ("none",), "parallel_tool_calls": (), "modalities": (["text"],), "audio": (),
+    "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (), "moderation": (),
+    "store": (False,), "service_tier": ("auto", "default")}
+FIELDS = HONOURED + tuple(NO_EFFECT) + tuple(NOTHING)
+MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "function_call", "tool_call_id", "refusal", "audio")
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+
+
+def _unrecognized(body: dict, known: tuple[str, ...], where: str = "") -> None:
+    """A key OpenAI's API does not have is a 400, worded as OpenAI words it."""
+    for key in body:
+        if key not in known:
+            raise RequestError(400, f"Unrecognized request argument supplied: {where}{key}", f"{where}{key}")
+
+
+def _means_nothing(value: Any, nothing: tuple[Any, ...]) -> bool:
+    """`value` is null or one of `nothing`, as JSON values (0 and 0.0 alike, false not 0)."""
+    return value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in nothing)
+
+
+def _check_no_effect(body: dict) -> None:
+    """The `NO_EFFECT` fields have their JSON type."""
+    for key, kind in NO_EFFECT.items():
+        if body.get(key) is not None and not isinstance(body[key], kind):
+            name = "a string" if kind is str else "an object"
+            raise RequestError(400, f"{key}: expected {name}, got {type(body[key]).__name__}", key)
+
+
+def _refuse_unimplemented(body: dict) -> None:
+    """A field of `NOTHING` that asks for something is a 400 that names it (tools first: see the
+    module docstring)."""
+    _refuse_tools(body)
+    for key in ("frequency_penalty", "presence_penalty"):
+        _number(body, key, 0.0, -2.0, 2.0)
+    for key, nothing in NOTHING.items():
+        if not _means_nothing(body.get(key), nothing):
+            allowed = " or ".join(json.dumps(n) for n in nothing + (None,))
+            raise RequestError(400, f"{key}: not supported by this server (got {json.dumps(body[key])[:80]}); "
+                                    f"leave it out or send {allowed}", key, "unsupported_parameter")
 
 
 def _refuse_tools(body: dict) -> None:
@@ -146,10 +210,10 @@ def parse_request(body: Any, max_n: int) -> ChatRequest:
     """The request's fields, validated (see the module docstring)."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
+    _unrecognized(body, FIELDS)
     messages = _messages(body)
-    _refuse_tools(body)
-    for key in ("frequency_penalty", "presence_penalty"):
-        _number(body, key, 0.0, -2.0, 2.0)
+    _refuse_unimplemented(body)
+    _check_no_effect(body)
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
@@ -171,6 +235,10 @@ def parse_request(body: Any, max_n: int) -> ChatRequest:
     options = body.get("stream_options")
     if options is not None and (not stream or not isinstance(options, dict)):
         raise RequestError(400, "stream_options: an object, and only with stream: true", "stream_options")
+    _unrecognized(options or {}, STREAM_OPTIONS, "stream_options.")
+    if _flag(options or {}, "include_obfuscation"):
+        raise RequestError(400, "stream_options.include_obfuscation: not supported (chunks carry no padding)",
+                           "stream_options", "unsupported_parameter")
     include_usage = _flag(options or {}, "include_usage")
     return ChatRequest(messages, max_tokens, _number(body, "temperature", 1.0, 0.0, 2.0),
                        _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True), stop,

@@ -18,7 +18,9 @@ byte default whose vocabulary is not the checkpoint's is refused.
     GET  /v1/models/MODEL           {"id": MODEL, "object": "model", ...}
     POST /v1/chat/completions       messages, max_tokens | max_completion_tokens, temperature, top_p,
                                     stop (string or list), seed, n, logprobs, top_logprobs, stream,
-                                    stream_options; OpenAI's response shape (`hpc.policy.openai_api`)
+                                    stream_options.include_usage; OpenAI's response shape. Every other
+                                    field is accepted only where it changes nothing in the answer, or
+                                    refused by name (`hpc.policy.openai_api`)
 
 Concurrency: every connection has its own thread, which reads, parses and tokenizes its request;
 generation is serialized by a lock (one batch at a time: the `n` samples of one request are one
@@ -40,9 +42,10 @@ token), a last chunk per choice with its `finish_reason`, the usage chunk when
 
 `logprobs: true` gives, for every generated token (the stop token too: the trainer trains on it),
 the log-prob the trainer computes for it (`hpc.policy.model.sequence_logprobs` over the prompt and
-the reply: the unscaled distribution, whatever the temperature that sampled it), and
-`top_logprobs: K` the K likeliest tokens at each position under the same distribution. A stream
-sends them in one chunk per choice once its reply is complete (they need the whole reply).
+the reply) at the request's temperature T: log_softmax(logits / T) (T = 1 when greedy), the
+distribution that sampled it before top-p, as the RL trainer computes it at rollout.temperature
+T; and `top_logprobs: K` the K likeliest tokens at each position under the same distribution. A
+stream sends them in one chunk per choice once its reply is complete (they need the whole reply).
 
 A bad request is OpenAI's error JSON with status 400 (401 without the key, 404 for an unknown
 path or model, 413 for a body too large), never a traceback.
@@ -224,14 +227,16 @@ class ServedPolicy:
         device = next(self.model.parameters()).device
         with self.lock, (torch.cuda.device(device) if device.type == "cuda" else _nothing()):
             completions = generate(self.model, self.cfg, self.tokenizer, [prompt] * req.n, params, on_step=on_step)
-            logprobs = [self._logprobs(prompt, c.tokens, req.top_logprobs) for c in completions] \
+            temperature = req.temperature if req.temperature > 0 else 1.0   # greedy: the sampler's T = 1
+            logprobs = [self._logprobs(prompt, c.tokens, req.top_logprobs, temperature) for c in completions] \
                 if req.logprobs else None
         return completions, logprobs
 
-    def _logprobs(self, prompt: list[int], tokens: list[int], top: int) -> list[dict[str, Any]]:
-        """The reply's log-prob entries: each token's log-prob as the trainer computes it
-        (`sequence_logprobs` over prompt + reply) and, with `top`, the `top` likeliest tokens at
-        its position (log_softmax of the same forward's logits)."""
+    def _logprobs(self, prompt: list[int], tokens: list[int], top: int,
+                  temperature: float) -> list[dict[str, Any]]:
+        """The reply's log-prob entries: each token's log-prob as the trainer computes it at
+        `temperature` (`sequence_logprobs` over prompt + reply) and, with `top`, the `top`
+        likeliest tokens at its position (log_softmax(logits / temperature) of the same forward)."""
         import torch
 
         from hpc.policy.model import forward_logits, mask_padded_vocab, sequence_logprobs
@@ -242,11 +247,13 @@ class ServedPolicy:
         sequence = torch.tensor([prompt + tokens], dtype=torch.long, device=device)
         start = len(prompt) - 1   # position predicting the reply's first token
         with torch.no_grad():
-            chosen = sequence_logprobs(self.model, sequence, None, self.cfg.vocab_size, False)[0][0, start:].tolist()
+            chosen = sequence_logprobs(self.model, sequence, None, self.cfg.vocab_size, False,
+                                       temperature)[0][0, start:].tolist()
             alternatives: list[list[tuple[tuple[str, bytes], float]]] = [[] for _ in tokens]
             if top:
                 logits = forward_logits(self.model, sequence)[0, start:-1]
-                values, ids = torch.log_softmax(mask_padded_vocab(logits.float(), self.cfg.vocab_size), -1).topk(top)
+                scaled = mask_padded_vocab(logits.float() / temperature, self.cfg.vocab_size)
+                values, ids = torch.log_softmax(scaled, -1).topk(top)
                 alternatives = [[(self._token(t), lp) for t, lp in zip(row_ids, row_values)]
                                 for row_ids, row_values in zip(ids.tolist(), values.tolist())]
         return [logprob_entry(self._token(t), lp, alt) for t, lp, alt in zip(tokens, chosen, alternatives)]

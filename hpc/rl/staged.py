@@ -46,16 +46,17 @@ class Outputs:
     head: Callable[[torch.Tensor, RolloutBatch], PerToken]
 
 
-def policy_outputs(vocab_size: int, entropy: bool) -> Outputs:
-    """(log p(targets), the entropy there or None): `sequence_logprobs`. A last stage's logits
-    are its tensor-parallel rank's vocabulary shard: gathered first (the gradient is split back)."""
+def policy_outputs(vocab_size: int, entropy: bool, temperature: float = 1.0) -> Outputs:
+    """(log p(targets), the entropy there or None) of softmax(logits / temperature):
+    `sequence_logprobs`. A last stage's logits are its tensor-parallel rank's vocabulary shard:
+    gathered first (the gradient is split back)."""
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     from hpc.policy.model import logits_logprobs, sequence_logprobs
 
-    return Outputs(lambda model, b: sequence_logprobs(model, b.tokens, b.pad_mask, vocab_size, entropy),
+    return Outputs(lambda model, b: sequence_logprobs(model, b.tokens, b.pad_mask, vocab_size, entropy, temperature),
                    lambda logits, b: logits_logprobs(gather_from_tensor_model_parallel_region(logits), b.tokens,
-                                                     vocab_size, entropy))
+                                                     vocab_size, entropy, temperature))
 
 
 def critic_outputs() -> Outputs:

@@ -160,11 +160,13 @@ class PolicyOptimization(SampledStage):
         rl = dataclasses.replace(trainer.cfg.rl, group_size=stage.samples_per_task or trainer.cfg.rl.group_size)
         batch = _batch(samples, trainer.tokenizer.pad_id, trainer.device)
         vocab = trainer.model_cfg.vocab_size
-        ref = reference_logprobs(trainer.reference, batch, vocab) if trainer.reference is not None else None
+        temperature = trainer.cfg.rollout.temperature   # the samples' log-probs are at it: so are the trainer's
+        ref = (reference_logprobs(trainer.reference, batch, vocab, temperature) if trainer.reference is not None
+               else None)
         stats = ppo_epochs(trainer.policy, trainer.actor_opt, batch, rl, vocab,
                            critic=trainer.critic if rl.algorithm == "ppo" else None,
                            critic_opt=trainer.critic_opt if rl.algorithm == "ppo" else None, ref_logprobs=ref,
-                           rng=step_rng(trainer, 5), microbatches=trainer.microbatches)
+                           rng=step_rng(trainer, 5), microbatches=trainer.microbatches, temperature=temperature)
         out = stats.as_dict()
         out.pop("reward_mean")   # the rollout's, over every replica's samples, is the step's
         out["update_tokens"] = _tokens(batch) * rl.ppo_epochs   # each epoch passes the batch once, in minibatches

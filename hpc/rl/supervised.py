@@ -16,8 +16,8 @@ from hpc.rl.staged import critic_outputs, evaluate, policy_outputs, train_pass
 
 def sft_step(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
              vocab_size: int, microbatches: int = 1) -> tuple[float, StepStats]:
-    """Cross-entropy on the batch's generated tokens (token-mean); returns the loss and the
-    optimizer step's measurements."""
+    """Cross-entropy on the batch's generated tokens (token-mean; the model's own distribution, at
+    temperature 1: nothing was sampled); returns the loss and the optimizer step's measurements."""
     policy.train()
     loss = lambda out, cut: -masked_mean(out[0], cut(batch.action_mask))  # noqa: E731
     optimizer.zero_grad(set_to_none=True)
@@ -41,9 +41,11 @@ def value_step(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, batch:
     return float(loss(out, lambda x: x)), explained_variance(out[0], returns, mask), stats
 
 
-def reference_logprobs(model: torch.nn.Module, batch: RolloutBatch, vocab_size: int) -> torch.Tensor:
+def reference_logprobs(model: torch.nn.Module, batch: RolloutBatch, vocab_size: int,
+                       temperature: float = 1.0) -> torch.Tensor:
     """[B, T-1] log-probs of the batch's targets under `model` (the frozen reference of the KL
-    term and metric), no gradient, on every rank of a pipeline."""
+    term and metric) at the rollout's `temperature` (as the policy's in `hpc.rl.update`), no
+    gradient, on every rank of a pipeline."""
     model.eval()
-    logp, _ = evaluate(model, batch, policy_outputs(vocab_size, entropy=False))
+    logp, _ = evaluate(model, batch, policy_outputs(vocab_size, False, temperature))
     return logp * batch.action_mask

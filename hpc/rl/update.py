@@ -8,6 +8,11 @@ reports NaN for those). GRPO: the group-normalized reward as every generated
 token's advantage, no critic. Both add the KL to a reference policy's log-probs when `kl_coef`
 > 0, and an entropy bonus when `entropy_coef` > 0. The statistics come back for the metrics.
 
+The policy's log-probs, its entropy and the reference's log-probs are those of the distribution
+the rollouts were sampled from, log_softmax(logits / T) at the rollout's temperature T (as verl's
+actor divides its logits by it), the sampler's log-probs (`hpc.policy.generate`): so the ratio of
+the first optimizer step on a batch is 1, whatever T.
+
 `update` is one optimizer step on one (mini)batch; `ppo_epochs` is what the trainer calls per
 rollout batch: advantages, returns and the critic's values once from the batch as sampled, then
 `rl.ppo_epochs` passes, each over the rows shuffled and split into `rl.minibatches` parts, one
@@ -93,11 +98,12 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
            vocab_size: int, critic: torch.nn.Module | None = None,
            critic_opt: torch.optim.Optimizer | None = None,
            ref_logprobs: torch.Tensor | None = None, targets: tuple | None = None,
-           microbatches: int = 1) -> UpdateStats:
+           microbatches: int = 1, temperature: float = 1.0) -> UpdateStats:
     """One optimizer step of the policy (and, for PPO, of the critic) on `batch`. `targets`: what
     `advantages` gave for these rows (a minibatch's share of the whole batch's); None: computed
     from `batch` here. `microbatches`: the parts of `batch` a pipeline schedule passes
-    (`hpc.rl.staged`; one stage takes the batch at once)."""
+    (`hpc.rl.staged`; one stage takes the batch at once). `temperature`: the rollout's, at which
+    `batch.old_logprobs` (and `ref_logprobs`) were computed."""
     mask = batch.action_mask
     adv, returns, old_values = advantages(batch, cfg, critic) if targets is None else targets
 
@@ -115,7 +121,7 @@ def update(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: Rol
 
     policy.train()
     actor_opt.zero_grad(set_to_none=True)
-    logp, entropy = train_pass(policy, batch, policy_outputs(vocab_size, entropy=True),
+    logp, entropy = train_pass(policy, batch, policy_outputs(vocab_size, True, temperature),
                                lambda out, cut: actor_loss(out, cut)[0], microbatches)
     actor = step_stats(actor_opt)
     with torch.no_grad():    # of the whole batch, the same on every rank
@@ -165,13 +171,13 @@ def minibatch_rows(n: int, minibatches: int, rng: random.Random) -> list[list[in
 def ppo_epochs(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch: RolloutBatch, cfg: RLConfig,
                vocab_size: int, critic: torch.nn.Module | None = None,
                critic_opt: torch.optim.Optimizer | None = None, ref_logprobs: torch.Tensor | None = None,
-               rng: random.Random | None = None, microbatches: int = 1) -> EpochsStats:
+               rng: random.Random | None = None, microbatches: int = 1, temperature: float = 1.0) -> EpochsStats:
     """The update of one rollout batch: `cfg.ppo_epochs` x `cfg.minibatches` optimizer steps of
     the policy (and the critic for ppo). Advantages, returns and the critic's values come from the
     whole batch before the first step (GRPO's groups and the whitening see every row); each pass
     shuffles the rows with `rng` (the trainer's seeded one: reproducible) and steps on each part,
     the ratio against the sampler's log-probs. With 1 x 1 this is `update(...)` on the batch.
-    `microbatches`: each step's pipeline microbatches (`update`)."""
+    `microbatches`: each step's pipeline microbatches, `temperature` the rollout's (`update`)."""
     rng = rng if rng is not None else random.Random(0)
     if len(batch) < cfg.minibatches:
         raise ValueError(f"rl.minibatches {cfg.minibatches}: the batch has only {len(batch)} rows")
@@ -184,7 +190,7 @@ def ppo_epochs(policy: torch.nn.Module, actor_opt: torch.optim.Optimizer, batch:
             cut = lambda x: None if x is None else x[index, :width]  # noqa: E731
             steps.append(update(policy, actor_opt, part, cfg, vocab_size, critic=critic, critic_opt=critic_opt,
                                 ref_logprobs=cut(ref_logprobs), targets=tuple(cut(x) for x in targets),
-                                microbatches=microbatches))
+                                microbatches=microbatches, temperature=temperature))
     mean = UpdateStats(**{f.name: sum(getattr(s, f.name) for s in steps) / len(steps) for f in fields(UpdateStats)})
     adv, returns, values = targets
     mask = batch.action_mask
