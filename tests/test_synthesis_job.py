@@ -122,6 +122,8 @@ def test_one_shard_then_merge_in_this_process(tmp_path, cache_dir):
     proc = subprocess.run([*base, "--merge"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "| **accepted** | 5 |" in proc.stdout
+    report = (run / "dataset" / "report.md").read_text()     # the merged shards' quality report
+    assert "| **accepted** | 5 |" in report and "## Rejections by reason" in report and "| input family |" in report
 
 
 def test_bad_arguments_are_one_line(tmp_path):
@@ -134,3 +136,24 @@ def test_bad_arguments_are_one_line(tmp_path):
                         "error: jobs/synthesize.py: unrecognized arguments: --bogus")):
         proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr
+
+
+def test_a_corrupt_shard_is_one_line_and_exit_2(tmp_path, cache_dir):
+    """A shard file whose middle line is not a record (not UTF-8 here) is corruption, not a torn
+    write: the merge and a new submission both say which file and line, exit 2, submit nothing."""
+    config = _config(tmp_path, STATIC_ONLY)
+    run = tmp_path / "run"
+    first = _synthesize("--out", run, "--count", 6, "--shards", 2, "--executor", "local", "--config", config,
+                        cache_dir=cache_dir)
+    log, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, log
+    shard = run / "shard-0001.jsonl"
+    lines = shard.read_bytes().splitlines(keepends=True)
+    shard.write_bytes(b"".join([lines[0], b"\xff\xfe garbage\n", *lines[2:]]))
+    line = f"error: shard {shard} line 2: corrupt (not a JSON record); move the file away to check its candidates again"
+    for step in (["--merge"], ["--executor", "local"]):
+        proc = _synthesize("--out", run, "--count", 6, "--shards", 2, "--config", config, *step, cache_dir=cache_dir)
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 2 and log.strip().splitlines() == [line], log
+    assert len(list((run / "submitit").glob("*_log.out"))) == 2    # the first run's two tasks only
+

@@ -20,7 +20,8 @@ from hpc.errors import UserError
 from hpc.synthesis.context import FAMILIES
 
 # The filter chain (hpc.synthesis.filters), in the order it runs: the names `filters.skip` may give.
-FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime", "compile")
+FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "variation", "structure",
+           "runtime", "compile")
 
 
 @dataclass
@@ -45,6 +46,13 @@ class FilterConfig:
     runtime_ms_gpu: list[float] = field(default_factory=lambda: [1.0, 100.0])   # eager window at the gpu scale
     runtime_ms_cpu: list[float] = field(default_factory=lambda: [0.1, 50.0])   # and at the cpu scale
     similarity: float = 0.9               # AST similarity to a benchmark task at or above which it is contaminated
+    # An output whose std / (|mean| + std) is below this is nearly constant (SELU of a log-softmax:
+    # std 0.005 around -1.744): little to learn, and a kernel returning about the mean comes close.
+    min_variation: float = 0.01
+    # Along each axis of length >= 2, the fraction of adjacent slices that differ; below it the output
+    # repeats a smaller tensor (an upsample of a length-1 signal: 0; each slice 4 times: < 0.25; by 2,
+    # a nearest upsample's, just under 0.5 passes, as does a running max, whose late slices often repeat).
+    min_slice_change: float = 0.25
     signature_match: bool = True          # same operator sequence as a benchmark task: contaminated
 
     def window(self, scale: str) -> tuple[float, float]:
@@ -97,6 +105,10 @@ class SynthesisConfig:
             window = getattr(f, key)
             if len(window) != 2 or not 0 <= window[0] < window[1]:
                 raise UserError(f"config filters.{key}: expected [low, high] with 0 <= low < high, got {window}")
+        if not 0 <= f.min_variation < 1:
+            raise UserError(f"config filters.min_variation: must be in [0, 1), got {f.min_variation}")
+        if not 0 <= f.min_slice_change <= 1:
+            raise UserError(f"config filters.min_slice_change: must be in [0, 1], got {f.min_slice_change}")
         if not 0 < f.similarity <= 1:
             raise UserError(f"config filters.similarity: must be in (0, 1], got {f.similarity}")
         if self.source and not Path(self.source).is_file():
