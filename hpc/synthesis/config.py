@@ -162,6 +162,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="candidates from an Ops-6K file (.jsonl or .parquet) instead of the composer")
     p.add_argument("--import-only", action="store_true",
                    help="with --from: convert to the task format, skipping every filter but load")
+    p.add_argument("--validate", metavar="DATASET",
+                   help="check a synthesized dataset's tasks (DATASET/manifest.jsonl) at the scale training runs "
+                        "them (default: --backend cuda, --scale gpu): the filters that run a task, with that "
+                        "scale's runtime window; contaminated, duplicate and compile skipped (done when it was made)")
     p.add_argument("--benchmark", help="decontaminate against the problem files under this folder (e.g. KernelBench)")
     p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
     p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")
@@ -172,10 +176,22 @@ def config_from_args(args: argparse.Namespace) -> SynthesisConfig:
     """The config the flags ask for: the YAML file (or the defaults), then the flags on top."""
     if args.import_only and not args.source:
         raise UserError("--import-only: needs --from FILE")
+    backend, scale, source = args.backend, args.scale, args.source
+    if args.validate:
+        if args.source or args.import_only:
+            raise UserError("--validate: takes its tasks from the dataset; not with --from or --import-only")
+        source = str(Path(args.validate) / "manifest.jsonl")
+        if not Path(source).is_file():
+            raise UserError(f"--validate {args.validate}: no manifest.jsonl (a synthesized dataset folder, "
+                            "RUN/dataset, expected)")
+        backend = backend or "cuda"   # the scale follows it unless given: gpu on cuda
     absolute = {key: str(Path(value).resolve()) if value else None
-                for key, value in (("source", args.source), ("benchmark", args.benchmark))}
-    cfg = load_synthesis_config(args.config, backend=args.backend, scale=args.scale, seed=args.seed,
+                for key, value in (("source", source), ("benchmark", args.benchmark))}
+    cfg = load_synthesis_config(args.config, backend=backend, scale=scale, seed=args.seed,
                                 count=args.count, workers=args.workers, **absolute)
     if args.import_only:
         cfg.filters.skip = [name for name in FILTERS if name != "load"]
+    if args.validate:
+        cfg.filters.skip = [name for name in FILTERS if name in {"contaminated", "duplicate", "compile"}
+                            or name in cfg.filters.skip]
     return cfg

@@ -80,6 +80,9 @@ class Source:
         from hpc.synthesis.similarity import op_signature
 
         row = self.rows[index]
+        if row.task_id:   # a synthesized dataset's task (--validate): its own name
+            level, stem = row.task_id.split("/")
+            return Proposal(index, stem, int(level.removeprefix("level")), row.code, row.ops, row.data_source)
         named = row.ops
         if not named:   # a row without `ops`: named after the operators its forward applies
             try:
