@@ -308,6 +308,7 @@ def test_a_repeat_is_told_from_values_that_repeat_within_rows():
     assert repeated_axis(x[:, :1].expand(64, 8), minimum) == (1, 0.0)
     stats = output_stats(torch.full((4, 4), -1.744) + 0.005 * torch.randn(4, 4))
     assert stats["variation"] < 0.01 and output_stats(torch.zeros(3))["variation"] == 0.0
+    assert output_stats(torch.tensor(0.7))["variation"] is None     # a scalar (a loss) has no spread to judge
 
 
 def test_a_filter_can_be_skipped(tmp_path, cache_dir):

@@ -91,12 +91,14 @@ def _error_kind(reason: str) -> str:
 
 def output_stats(out: torch.Tensor) -> dict:
     """What the reports and the variation filter read of one output: shape, mean, std and the
-    variation std / (|mean| + std) (0 for an all-zero output), in float64."""
+    variation std / (|mean| + std) (0 for an all-zero output; None for fewer than 2 values, a
+    scalar loss say, which has no spread to judge), in float64."""
     t = out.detach().to(torch.float64)
     mean = float(t.mean()) if t.numel() else 0.0
     std = float(t.std(correction=0)) if t.numel() else 0.0
     scale = abs(mean) + std
-    return {"shape": list(out.shape), "mean": mean, "std": std, "variation": std / scale if scale > 0 else 0.0}
+    variation = None if t.numel() < 2 else std / scale if scale > 0 else 0.0
+    return {"shape": list(out.shape), "mean": mean, "std": std, "variation": variation}
 
 
 def repeated_axis(out: torch.Tensor, minimum: float) -> tuple[int, float] | None:
@@ -104,6 +106,8 @@ def repeated_axis(out: torch.Tensor, minimum: float) -> tuple[int, float] | None
     differ, and that fraction: the output repeats a smaller tensor along it (0: a broadcast of
     one slice); None when there is none. Whole slices are compared, so a running max (cummax),
     whose values repeat within a row but whose rows differ, is not a repeat."""
+    if out.numel() == 0:
+        return None
     for axis, n in enumerate(out.shape):
         if n < 2:
             continue
@@ -326,7 +330,7 @@ class FilterChain:
         if "variation" not in self.skip:
             self._timed("variation", verdict, t0)
             for i, st in enumerate(verdict.outputs):
-                if st["variation"] < f.min_variation:
+                if st["variation"] is not None and st["variation"] < f.min_variation:
                     raise _Rejected("variation", "nearly constant",
                                     f"output {i} varies little: std {st['std']:.3g} around {st['mean']:.4g} "
                                     f"(std / (|mean| + std) = {st['variation']:.3g} < {f.min_variation:g})")
