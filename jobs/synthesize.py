@@ -9,7 +9,7 @@ Candidate i (composed from the seed and i, or row i of an Ops-6K file) belongs t
 Each array task appends its verdicts to RUN/shard-NNNN.jsonl and skips what that file already
 holds, so a requeued task (preemption, the time limit: submitit checkpoints and requeues it) or a
 re-submission checks only what is missing. When every shard is done they are merged into
-RUN/dataset/ (task files, manifest.jsonl, manifest.h5, stats.json; docs/synthesis.md), accepted
+RUN/dataset/ (task files, manifest.jsonl, manifest.h5, stats.json, report.md; docs/synthesis.md), accepted
 tasks deduplicated across shards, and the per-filter table is printed. `--shard K` checks one
 shard here and now (an array task of slurm_templates/synthesize.sbatch); `--merge` only merges.
 """
@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from hpc.synthesis.config import config_from_args
-    from hpc.synthesis.shards import Source, merge, run_shard
+    from hpc.synthesis.shards import Source, merge, read_shard, run_shard
 
     try:
         args = parse_args(argv)
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.merge:
             return _report(merge(out, cfg), out)
         count = len(Source(cfg))
+        for path in sorted(out.glob("shard-*.jsonl")):   # a corrupt one is an error here, not a failed array task
+            read_shard(path)
         if args.shard is not None:
             summary = run_shard(cfg, args.shard, args.shards, out, stop=watch_for_sigterm())
             if summary["preempted"]:
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _report(merge(out, cfg), out)
     except UserError as e:
         log.error("error: %s", e)
-        return 1
+        return 2
     return 1 if failed else code
 
 

@@ -21,8 +21,8 @@ import torch
 from hpc.errors import UserError
 from hpc.synthesis.catalog import CATALOG
 from hpc.synthesis.compose import compose
-from hpc.synthesis.config import FILTERS, ComposeConfig, load_synthesis_config
-from hpc.synthesis.filters import FilterChain
+from hpc.synthesis.config import FILTERS, ComposeConfig, FilterConfig, load_synthesis_config
+from hpc.synthesis.filters import FilterChain, output_stats, repeated_axis
 from hpc.synthesis.manifest import read_manifest
 from hpc.synthesis.shards import checked_stats, merge, read_shard, run_local, run_shard, shard_path
 from hpc.synthesis.similarity import BenchmarkIndex, ast_hash, normalized_tokens, op_signature, similarity
@@ -78,6 +78,61 @@ def test_the_same_seed_composes_the_same_task_whatever_the_order():
     assert forward != [compose(12, i, cfg).code for i in range(30)]
     counts = [len(compose(11, i, cfg).ops) for i in range(30)]
     assert min(counts) >= 2 and max(counts) <= 4
+
+
+def test_a_bias_broadcasts_along_the_channels_the_operator_before_it_made():
+    """A BiasAdd right after an operator that makes channels last (Embedding, Linear, Matmul) is
+    per feature, after one that makes them first (a convolution) per channel: never a (seq_len, 1)
+    bias per position after an Embedding."""
+    cfg = ComposeConfig(max_ops=2)
+    last, first = set(), set()   # the operators before a BiasAdd, by the bias's axis
+    for i in range(1200):
+        c = compose(1, i, cfg)
+        steps = _steps(c.code)
+        if len(steps) < 2 or steps[-1] != "BiasAdd":
+            continue
+        module = types.ModuleType("composed")
+        exec(compile(c.code, "composed", "exec"), module.__dict__)
+        shape = c.output_shapes["gpu"]
+        bias = tuple(module.Model(*module.get_init_inputs()).bias.shape)   # gpu-scale sizes: the file's globals
+        axis = len(shape) - len(bias)
+        assert bias[0] == shape[axis] and set(bias[1:]) <= {1}, (c.stem, bias, shape)
+        if steps[-2] in ("Embedding", "Linear", "Matmul", "Bmm"):
+            assert axis == len(shape) - 1, (c.stem, bias, shape)
+            last.add(steps[-2])
+        if steps[-2].startswith(("Conv", "DepthwiseConv", "MaxPool", "AvgPool", "Adaptive")) and len(shape) > 2:
+            assert axis == 1, (c.stem, bias, shape)
+            first.add(steps[-2])
+    assert "Embedding" in last and first, (last, first)
+
+
+def test_no_operator_upsamples_a_length_1_axis():
+    """An upsample of a length-1 axis (after a global pool) only repeats a value: never composed;
+    every composed output ending in an upsample changes along every axis."""
+    cfg = ComposeConfig(max_ops=3)
+    ending = 0
+    for i in range(1500):
+        c = compose(2, i, cfg)
+        steps = _steps(c.code)
+        assert not any(a.startswith("Adaptive") and b == "Upsample" for a, b in zip(steps, steps[1:])), c.stem
+        if steps[-1] == "Upsample":
+            out, _ = _exec(c.code, "cpu")
+            assert repeated_axis(out, 1e-9) is None, c.stem   # no axis a broadcast of one slice
+            ending += 1
+    assert ending >= 5
+
+
+def test_each_family_has_its_share_of_candidates():
+    """Every run of len(families) consecutive candidates has each family once: Embedding (the one
+    first operator of `tokens`) starts a sixth of the candidates, never 3 of 7."""
+    cfg = ComposeConfig()
+    for seed in (0, 1):
+        families = [compose(seed, i, cfg).family for i in range(60)]
+        for block in range(10):
+            assert sorted(families[6 * block:6 * block + 6]) == sorted(cfg.families), (seed, families)
+        first = [compose(seed, i, cfg).ops[0] for i in range(60)]
+        assert first.count("nn.Embedding") == 10
+    assert [compose(0, i, cfg).family for i in range(12)] != [compose(1, i, cfg).family for i in range(12)]
 
 
 def test_gpu_sizes_follow_the_roofline_target():
@@ -196,6 +251,10 @@ PLANTED = {
     "nonfinite": (_task("        return torch.log(x)"), "finite", "NaN or Inf"),
     "constant": (_task("        return torch.softmax(x.sum(dim=1, keepdim=True), dim=1)"), "constant",
                  "a constant would pass"),
+    "nearly_constant": (_task("        return torch.selu(torch.log_softmax(x, dim=1))"), "variation",
+                        "std / (|mean| + std) ="),      # std ~0.004 around -1.75: the issue's SELU of a log-softmax
+    "upsampled_length_1": (_task("        return nn.functional.interpolate(x.unsqueeze(-1), scale_factor=2)"),
+                           "structure", "repeats along axis 2: 0% of adjacent slices differ"),
     "too_fast": (_task("        return torch.tanh(x)", sizes="batch_size = 2\ndim = 4"), "runtime", "too fast"),
     "too_slow": (_task("        return x @ x.t() @ x", sizes="batch_size = 1536\ndim = 1536"), "runtime", "too slow"),
 }
@@ -224,16 +283,44 @@ def test_planted_bad_tasks_are_rejected_by_the_right_filter_and_a_good_one_passe
         assert words in v.reason, (name, v.reason)
         assert v.ran[0] == "load" and (expected_filter or "compile") in v.ran, (name, v.ran)
     good = results["good"]
-    assert good.ran == ["load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime",
-                        "compile"]
+    assert good.ran == ["load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "variation",
+                        "structure", "runtime", "compile"]
+    assert good.outputs[0]["shape"] == [256, 512] and good.outputs[0]["variation"] > 0.3
+    assert (results["nearly_constant"].kind, results["upsampled_length_1"].kind) == ("nearly constant",
+                                                                                    "broadcast along an axis")
+    assert results["too_slow"].kind == "too slow" and results["eager_error"].kind == "RuntimeError"
     assert 0.3 <= good.eager_ms <= 40.0 and good.signature == ["linear", "relu"]
     assert results["too_fast"].eager_ms < 0.3 < 40.0 < results["too_slow"].eager_ms
 
 
+def test_a_repeat_is_told_from_values_that_repeat_within_rows():
+    """Whole adjacent slices are compared (at the default threshold): each slice 4 times and a
+    broadcast are repeats; a running max (values repeat along a row, rows mostly differ), a nearest
+    upsample by 2 and random values are not."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 256)
+    minimum = FilterConfig().min_slice_change
+    assert repeated_axis(x, minimum) is None
+    assert repeated_axis(torch.cummax(x, dim=1).values, minimum) is None
+    assert repeated_axis(torch.relu(torch.randn(512)), minimum) is None      # half zeros, yet adjacent values differ
+    assert repeated_axis(x.repeat_interleave(2, dim=1), minimum) is None
+    assert repeated_axis(x.repeat_interleave(4, dim=1), minimum) == (1, pytest.approx(255 / 1023))
+    assert repeated_axis(x[:, :1].expand(64, 8), minimum) == (1, 0.0)
+    stats = output_stats(torch.full((4, 4), -1.744) + 0.005 * torch.randn(4, 4))
+    assert stats["variation"] < 0.01 and output_stats(torch.zeros(3))["variation"] == 0.0
+    assert output_stats(torch.tensor(0.7))["variation"] is None     # a scalar (a loss) has no spread to judge
+
+
 def test_a_filter_can_be_skipped(tmp_path, cache_dir):
+    """Without `constant`, a constant output is still nearly constant (`variation`), and without
+    that a broadcast of one value (`structure`); without all three it passes."""
     cfg = _filter_config(cache_dir, tmp_path, skip=["runtime", "compile", "constant"])
+    for skipped, kind in (("variation", "nearly constant"), ("structure", "broadcast along an axis")):
+        v = FilterChain(cfg).check(0, PLANTED["constant"][0], "constant")
+        assert (v.filter, v.kind) == (skipped, kind) and "constant" not in v.ran, v
+        cfg.filters.skip.append(skipped)
     v = FilterChain(cfg).check(0, PLANTED["constant"][0], "constant")
-    assert v.accepted and "constant" not in v.ran and "runtime" not in v.ran, v
+    assert v.accepted and not {"constant", "variation", "structure", "runtime"} & set(v.ran), v
 
 
 # ---- runs: shards, resume, merge, manifest, determinism ----
@@ -305,6 +392,35 @@ def test_the_manifest_records_every_candidate_and_the_ops6k_fields(tmp_path, cac
     assert json.loads((dataset / "stats.json").read_text())["accepted"] == stats["accepted"]
 
 
+def test_the_quality_report_counts_rejections_by_reason_and_the_op_mix(tmp_path, cache_dir):
+    """stats.json, manifest.h5's rejections group and report.md agree with the candidates' own
+    records: rejections by filter and kind, the accepted tasks' families, categories and lengths."""
+    import h5py
+
+    stats = run_local(_static_only(4, 36, cache_dir), tmp_path)
+    dataset = tmp_path / "dataset"
+    records, _, _ = read_manifest(dataset / "manifest.h5")
+    rejected = [r for r in records if not r["accepted"]]
+    assert rejected and all(r["kind"] == "same AST" for r in rejected)
+    assert stats["rejections"] == [{"filter": "duplicate", "kind": "same AST", "count": len(rejected),
+                                    "example": rejected[0]["reason"]}]
+    with h5py.File(dataset / "manifest.h5", "r") as f:
+        group = f["rejections"]
+        assert [(x.decode(), y.decode(), int(n)) for x, y, n in zip(group["filter"], group["kind"], group["count"])] \
+            == [("duplicate", "same AST", len(rejected))]
+        assert group["count"].attrs["units"] == "1"
+    kept = [r for r in records if r["accepted"]]
+    q = stats["quality"]
+    assert sum(q["families"].values()) == len(kept) and set(q["families"]) == set(ComposeConfig().families)
+    assert q["categories"]["embedding"] == sum(r["categories"][0] == "embedding" for r in kept) > 0
+    assert sum(q["categories"].values()) == sum(len(r["ops"]) for r in kept)
+    assert {int(k): n for k, n in q["lengths"].items()} == {n: sum(len(r["ops"]) == n for r in kept) for n in (1, 2)}
+    report = (dataset / "report.md").read_text()
+    assert f"| duplicate | same AST | {len(rejected)} | duplicate of candidate" in report
+    assert f"| tokens | {q['families']['tokens']} |" in report and "| operators | count | share |" in report
+    assert json.loads((dataset / "stats.json").read_text())["quality"] == q
+
+
 def test_a_run_cut_short_has_the_merges_statistics_over_the_candidates_checked(tmp_path, cache_dir):
     cfg = _static_only(5, 60, cache_dir)
     summary = run_shard(cfg, 0, 3, tmp_path, deadline=time.monotonic())   # already past: none starts
@@ -345,7 +461,8 @@ def test_a_throughput_run_within_its_budget_reports_the_merged_datasets_figures(
     stats = json.loads((tmp_path / "run" / "dataset" / "stats.json").read_text())
     assert (figures["cut_by_budget"], figures["checked"], figures["count"]) == (False, 30, 30)
     assert (figures["filters"], figures["yield"]) == (stats["filters"], stats["yield"])
-    assert figures["rejected_by"] == {"duplicate": 30 - stats["accepted"]} and "cut by" not in text
+    duplicates = 30 - stats["accepted"]       # the only filter that runs and can reject
+    assert figures["rejected_by"] == ({"duplicate": duplicates} if duplicates else {}) and "cut by" not in text
 
 
 def test_a_time_budget_cuts_a_throughput_run_to_the_candidates_it_checked(tmp_path, cache_dir, capsys):
@@ -470,6 +587,8 @@ def test_parquet_without_pyarrow_is_a_one_line_error(tmp_path):
     ("compose:\n  families: [matrix, graphs]\n", "config compose.families[]: expected one of"),
     ("eval:\n  timing:\n    iterations: 0\n", "config eval.timing.iterations: must be > 0"),
     ("filters:\n  skip: [load]\n", "config filters.skip[]: expected one of"),
+    ("filters:\n  min_variation: 1.5\n", "config filters.min_variation: must be in [0, 1), got 1.5"),
+    ("filters:\n  min_slice_change: -0.1\n", "config filters.min_slice_change: must be in [0, 1], got -0.1"),
     ("workers: two\n", "config workers: expected int"),
 ])
 def test_a_bad_config_is_a_one_line_error_naming_the_key(tmp_path, text, message):

@@ -122,6 +122,8 @@ def test_one_shard_then_merge_in_this_process(tmp_path, cache_dir):
     proc = subprocess.run([*base, "--merge"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "| **accepted** | 5 |" in proc.stdout
+    report = (run / "dataset" / "report.md").read_text()     # the merged shards' quality report
+    assert "| **accepted** | 5 |" in report and "## Rejections by reason" in report and "| input family |" in report
 
 
 def test_bad_arguments_are_one_line(tmp_path):
@@ -134,3 +136,90 @@ def test_bad_arguments_are_one_line(tmp_path):
                         "error: jobs/synthesize.py: unrecognized arguments: --bogus")):
         proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr
+
+
+def test_a_corrupt_shard_is_one_line_and_exit_2(tmp_path, cache_dir):
+    """A shard file whose middle line is not a record (not UTF-8 here) is corruption, not a torn
+    write: the merge and a new submission both say which file and line, exit 2, submit nothing."""
+    config = _config(tmp_path, STATIC_ONLY)
+    run = tmp_path / "run"
+    first = _synthesize("--out", run, "--count", 6, "--shards", 2, "--executor", "local", "--config", config,
+                        cache_dir=cache_dir)
+    log, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, log
+    shard = run / "shard-0001.jsonl"
+    lines = shard.read_bytes().splitlines(keepends=True)
+    shard.write_bytes(b"".join([lines[0], b"\xff\xfe garbage\n", *lines[2:]]))
+    line = f"error: shard {shard} line 2: corrupt (not a JSON record); move the file away to check its candidates again"
+    for step in (["--merge"], ["--executor", "local"]):
+        proc = _synthesize("--out", run, "--count", 6, "--shards", 2, "--config", config, *step, cache_dir=cache_dir)
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 2 and log.strip().splitlines() == [line], log
+    assert len(list((run / "submitit").glob("*_log.out"))) == 2    # the first run's two tasks only
+
+
+def test_validate_checks_a_datasets_tasks_at_a_scale_and_keeps_their_names(tmp_path, cache_dir):
+    """--validate DATASET runs the dataset's tasks through the filters that run a task, at the
+    scale asked (here the CPU path: on a GPU node the default is --backend cuda --scale gpu, the
+    1-100 ms window), keeps their names, and skips what made the dataset (contaminated,
+    duplicate, compile)."""
+    from tests.test_synthesis import GOOD, PLANTED
+
+    dataset = tmp_path / "made" / "dataset"
+    dataset.mkdir(parents=True)
+    rows = [{"code": GOOD, "ops": ["nn.Linear", "torch.relu"], "data_source": "hpc-synthesis",
+             "task_id": "level2/000003_Linear_ReLU"},
+            {"code": PLANTED["too_slow"][0], "ops": ["torch.matmul", "torch.matmul"], "data_source": "hpc-synthesis",
+             "task_id": "level2/000007_Matmul_Matmul"}]
+    (dataset / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.01, 300.0]},
+                                "eval": {"timing": {"warmup": 1, "iterations": 5}}})
+    run = tmp_path / "validated"
+    proc = _synthesize("--out", run, "--validate", dataset, "--scale", "cpu", "--executor", "local", "--config", config,
+                       cache_dir=cache_dir)
+    log, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, log
+    out = run / "dataset"
+    assert [str(p.relative_to(out)) for p in out.rglob("*.py")] == ["level2/000003_Linear_ReLU.py"], log
+    records = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in records] == ["level2/000003_Linear_ReLU"] and 0.01 < records[0]["eager_ms"] < 300
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["rejections"][0]["filter"] == "runtime" and stats["rejections"][0]["kind"] == "too slow"
+    entered = {f["name"]: f["entered"] for f in stats["filters"]}
+    assert entered["runtime"] == 2 and entered["contaminated"] == entered["duplicate"] == entered["compile"] == 0
+    assert stats["scale"] == "cpu"
+    for args, line in ((["--validate", dataset, "--from", dataset / "manifest.jsonl"],
+                        "error: --validate: takes its tasks from the dataset; not with --from or --import-only"),
+                       (["--validate", tmp_path], f"error: --validate {tmp_path}: no manifest.jsonl (a synthesized "
+                                                  "dataset folder, RUN/dataset, expected)")):
+        proc = subprocess.run([sys.executable, str(ROOT / "jobs" / "synthesize.py"), "--out", str(tmp_path / "x"),
+                               *map(str, args)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr
+
+
+def test_template_validates_a_dataset_and_names_a_missing_source(slurm, tmp_path, cache_dir):
+    """HPC_VALIDATE through slurm_templates/synthesize.sbatch: an array task checks the dataset's
+    task (the CPU path here: HPC_BACKEND=cpu, --scale cpu), the merge writes the validated
+    dataset; without HPC_COUNT, HPC_FROM or HPC_VALIDATE the template says so in one line."""
+    from tests.test_synthesis import GOOD
+
+    dataset = tmp_path / "made" / "dataset"
+    dataset.mkdir(parents=True)
+    (dataset / "manifest.jsonl").write_text(json.dumps({"code": GOOD, "ops": ["nn.Linear", "torch.relu"],
+                                                        "task_id": "level2/000003_Linear_ReLU"}) + "\n")
+    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.01, 300.0]},
+                                "eval": {"timing": {"warmup": 1, "iterations": 5}}})
+    run = tmp_path / "validated"
+    env = {"HPC_OUT": str(run), "HPC_VALIDATE": str(dataset), "HPC_BACKEND": "cpu", "HPC_PYTHON": sys.executable,
+           "HPC_SYNTH_ARGS": f"--scale cpu --config {config}", "HPC_CACHE_DIR": str(cache_dir)}
+    array = sbatch(TEMPLATES / "synthesize.sbatch", tmp_path, env, "--array=0-0", "--export=ALL")
+    merge = sbatch(TEMPLATES / "synthesize.sbatch", tmp_path, env, f"--dependency=afterok:{array}", "--export=ALL")
+    state = wait_for_job(merge)
+    logs = "\n".join(p.read_text() for p in sorted(tmp_path.glob("*.out")))
+    assert state == "COMPLETED", logs
+    assert [str(p.relative_to(run / "dataset")) for p in (run / "dataset").rglob("*.py")] == [
+        "level2/000003_Linear_ReLU.py"], logs
+    job = sbatch(TEMPLATES / "synthesize.sbatch", tmp_path, {}, f"--export=NONE,PATH=/usr/bin:/bin,HPC_OUT={run}")
+    assert wait_for_job(job, 120) == "FAILED"
+    assert (tmp_path / f"{job}.out").read_text().strip().splitlines() == [
+        "error: HPC_COUNT is not set (sbatch --export=ALL,HPC_COUNT=...; or HPC_FROM=FILE, HPC_VALIDATE=DATASET)"]

@@ -6,6 +6,9 @@ with the composer's seeded generator, declares the constructor arguments, parame
 inputs it needs through the composer's context, and infers its output (hpc.synthesis.shapes).
 An entry that cannot apply to the tensor it is given (wrong rank, an axis too small, a value
 range outside its domain) returns None, and the composer picks another; nothing is run to decide.
+Entries with per-channel meaning (a bias, a norm's affine weights, a convolution's or a pool's
+channel axis) apply only where the tensor's channel axis is the one the operator broadcasts along
+(TensorSpec.channel): a BiasAdd after an Embedding is per embedding dimension, never per position.
 """
 
 from __future__ import annotations
@@ -64,6 +67,17 @@ def _axis(ctx: Context, x: TensorSpec, minimum: int = 2) -> int | None:
 
 def _spatial_ok(dims: list[Dim], minimum: int = 2) -> bool:
     return all(d.min() >= minimum for d in dims)
+
+
+def _channels_first(x: TensorSpec) -> bool:
+    """Axis 1 holds the channels: where NCHW-style operators (convolutions, pools, BatchNorm and
+    its kin, whose weights broadcast over axis 1) mean what they do."""
+    return x.channel == 1
+
+
+def _features_last(x: TensorSpec) -> bool:
+    """The last axis holds the features: where LayerNorm and RMSNorm (weights over it) mean what they do."""
+    return x.channel == x.rank - 1
 
 
 # ---- elementwise activations: (module form, functional form, range map, domain check) ----
@@ -164,11 +178,12 @@ def _scale(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 
 @op("BiasAdd", "arithmetic")
 def _bias_add(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    """A learned bias over axis 1 (channels or features), broadcast over the rest."""
-    if x.rank < 2:
+    """A learned bias per channel (the tensor's channel axis: 1 for NCHW-style tensors, the last
+    for features), broadcast over the rest; none where no axis holds channels."""
+    if x.rank < 2 or x.channel is None or x.channel == 0:
         return None
-    channels = ctx.param(x.dims[1], "channels")
-    trailing = ", 1" * (x.rank - 2)
+    channels = ctx.param(x.dims[x.channel], "channels")
+    trailing = ", 1" * (x.rank - 1 - x.channel)
     bias = ctx.module("bias", f"nn.Parameter(torch.randn({channels}{trailing}))")
     return Step("BiasAdd", "torch.add", f"{v} + {bias}", x.with_range(REAL))
 
@@ -192,7 +207,7 @@ op("Minimum", "binary")(_binary("Minimum", "torch.minimum", "torch.minimum({x}, 
 
 @op("LayerNorm", "norm")
 def _layer_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    if x.rank < 2 or x.dims[-1].min() < 8:
+    if x.rank < 2 or x.dims[-1].min() < 8 or not _features_last(x):
         return None
     attr = ctx.module("layer_norm", f"nn.LayerNorm({ctx.param(x.dims[-1], 'normalized_size')})")
     return Step("LayerNorm", "nn.LayerNorm", f"{attr}({v})", x.with_range(REAL))
@@ -200,7 +215,7 @@ def _layer_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 
 @op("RMSNorm", "norm")
 def _rms_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    if x.rank < 2 or x.dims[-1].min() < 8:
+    if x.rank < 2 or x.dims[-1].min() < 8 or not _features_last(x):
         return None
     attr = ctx.module("rms_norm", f"nn.RMSNorm({ctx.param(x.dims[-1], 'normalized_size')})")
     return Step("RMSNorm", "nn.RMSNorm", f"{attr}({v})", x.with_range(REAL))
@@ -208,7 +223,7 @@ def _rms_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 
 @op("BatchNorm", "norm")
 def _batch_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    if not 2 <= x.rank <= 5:
+    if not 2 <= x.rank <= 5 or not _channels_first(x):
         return None
     kind = {2: "1d", 3: "1d", 4: "2d", 5: "3d"}[x.rank]
     attr = ctx.module("batch_norm", f"nn.BatchNorm{kind}({ctx.param(x.dims[1], 'num_features')})")
@@ -217,7 +232,7 @@ def _batch_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 
 @op("GroupNorm", "norm")
 def _group_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    if x.rank < 3 or product(list(x.dims[2:])).min() < 4:
+    if x.rank < 3 or product(list(x.dims[2:])).min() < 4 or not _channels_first(x):
         return None
     c = x.dims[1]
     groups = [g for g in (2, 4, 8, 16, 32) if c.gpu % g == 0 and c.cpu % g == 0 and c.min() // g >= 2]
@@ -230,7 +245,7 @@ def _group_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 
 @op("InstanceNorm", "norm")
 def _instance_norm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    if not 3 <= x.rank <= 5 or product(list(x.dims[2:])).min() < 4:
+    if not 3 <= x.rank <= 5 or product(list(x.dims[2:])).min() < 4 or not _channels_first(x):
         return None
     kind = {3: "1d", 4: "2d", 5: "3d"}[x.rank]
     attr = ctx.module("instance_norm", f"nn.InstanceNorm{kind}({ctx.param(x.dims[1], 'num_features')})")
@@ -309,12 +324,14 @@ def _reduction(name: str) -> Builder:
         keep = ctx.rng.random() < 0.5
         dims = list(x.dims)
         n = max(dims[axis].gpu, dims[axis].cpu)
+        channel = None if axis == x.channel else x.channel
         if keep:
             dims[axis] = Dim("1", 1, 1)
         else:
             del dims[axis]
+            channel = channel - 1 if channel is not None and channel > axis else channel
         return Step(name, template.split("(")[0], template.format(x=v, a=axis, k=keep),
-                    TensorSpec(tuple(dims), out_range(x.range, n)))
+                    TensorSpec(tuple(dims), out_range(x.range, n), channel=channel))
     return build
 
 
@@ -336,7 +353,7 @@ def _linear(ctx: Context, x: TensorSpec, v: str) -> Step | None:
     bias = ctx.rng.random() < 0.8
     attr = ctx.module("linear", f"nn.Linear({ctx.param(k, 'in_features')}, {ctx.param(n, 'out_features')}"
                                 f"{'' if bias else ', bias=False'})")
-    out = x.with_dims(x.dims[:-1] + (n,)).with_range(REAL)
+    out = x.with_dims(x.dims[:-1] + (n,)).with_range(REAL).with_channel(x.rank - 1)
     return Step("Linear", "nn.Linear", f"{attr}({v})", out, _flops(x, lambda s: 2.0 * n.at(s)))
 
 
@@ -348,7 +365,7 @@ def _matmul(ctx: Context, x: TensorSpec, v: str) -> Step | None:
     k = x.dims[-1]
     n = ctx.size("n", _FEATURES)
     w = ctx.input("w", TensorSpec((k, n)), "randn")
-    out = x.with_dims(x.dims[:-1] + (n,)).with_range(REAL)
+    out = x.with_dims(x.dims[:-1] + (n,)).with_range(REAL).with_channel(x.rank - 1)
     return Step("Matmul", "torch.matmul", f"torch.matmul({v}, {w})", out, _flops(x, lambda s: 2.0 * n.at(s)))
 
 
@@ -358,7 +375,7 @@ def _bmm(ctx: Context, x: TensorSpec, v: str) -> Step | None:
         return None
     n = ctx.size("n", _FEATURES)
     y = ctx.input("y", TensorSpec((x.dims[0], x.dims[2], n)), "randn")
-    out = x.with_dims((x.dims[0], x.dims[1], n)).with_range(REAL)
+    out = x.with_dims((x.dims[0], x.dims[1], n)).with_range(REAL).with_channel(2)
     return Step("Bmm", "torch.bmm", f"torch.bmm({v}, {y})", out, _flops(x, lambda s: 2.0 * n.at(s)))
 
 
@@ -367,7 +384,7 @@ def _gram(ctx: Context, x: TensorSpec, v: str) -> Step | None:
     """x @ x^T over the last two axes (attention-score shaped)."""
     if x.rank != 3 or x.dims[1].gpu > 4096:
         return None
-    out = TensorSpec((x.dims[0], x.dims[1], x.dims[1]), REAL)
+    out = TensorSpec((x.dims[0], x.dims[1], x.dims[1]), REAL)   # scores: no axis holds channels
     return Step("Gram", "torch.matmul", f"torch.matmul({v}, {v}.transpose(1, 2))", out,
                 _flops(x, lambda s: 2.0 * x.dims[1].at(s)))
 
@@ -393,7 +410,7 @@ def _conv(nd: int, transposed: bool, depthwise: bool = False) -> Builder:
     api = f"nn.{'ConvTranspose' if transposed else 'Conv'}{nd}d"
 
     def build(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-        if x.rank != nd + 2 or x.dtype != "float32":
+        if x.rank != nd + 2 or x.dtype != "float32" or not _channels_first(x):
             return None
         spatial = list(x.dims[2:])
         if transposed:
@@ -420,7 +437,7 @@ def _conv(nd: int, transposed: bool, depthwise: bool = False) -> Builder:
         if ctx.rng.random() < 0.2:
             args.append("bias=False")
         attr = ctx.module("conv_transpose" if transposed else "conv", f"{api}({', '.join(args)})")
-        out = TensorSpec((x.dims[0], cout, *out_sp), REAL)
+        out = TensorSpec((x.dims[0], cout, *out_sp), REAL, channel=1)
         per_in = 1 if depthwise else None
 
         def per_out(s: str) -> float:
@@ -447,7 +464,7 @@ def _pool(kind: str, nd: int) -> Builder:
     name = f"{kind}Pool{nd}d"
 
     def build(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-        if x.rank != nd + 2:
+        if x.rank != nd + 2 or not _channels_first(x):
             return None
         kernel, stride, padding = ctx.rng.choice(((2, 2, 0), (3, 2, 1), (3, 1, 1)))
         spatial = list(x.dims[2:])
@@ -465,7 +482,7 @@ def _adaptive(kind: str, nd: int) -> Builder:
     name = f"Adaptive{kind}Pool{nd}d"
 
     def build(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-        if x.rank != nd + 2 or not _spatial_ok(list(x.dims[2:])):
+        if x.rank != nd + 2 or not _spatial_ok(list(x.dims[2:])) or not _channels_first(x):
             return None
         attr = ctx.module("global_pool", f"nn.{name}(1)")
         one = Dim("1", 1, 1)
@@ -482,7 +499,8 @@ op("AdaptiveMaxPool2d", "pool")(_adaptive("Max", 2))
 
 @op("Upsample", "pool")
 def _upsample(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    if not 3 <= x.rank <= 5:
+    # a length-1 axis upsampled is that value repeated (the output a broadcast): axes of 2 or more only
+    if not 3 <= x.rank <= 5 or not _channels_first(x) or not _spatial_ok(list(x.dims[2:])):
         return None
     mode = ctx.rng.choice(("nearest", {3: "linear", 4: "bilinear", 5: "trilinear"}[x.rank]))
     extra = "" if mode == "nearest" else ", align_corners=False"
@@ -492,7 +510,7 @@ def _upsample(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 
 @op("PixelShuffle", "pool")
 def _pixel_shuffle(ctx: Context, x: TensorSpec, v: str) -> Step | None:
-    c = x.dims[1] if x.rank == 4 else None
+    c = x.dims[1] if x.rank == 4 and _channels_first(x) else None
     if c is None or c.gpu % 4 or c.cpu % 4:
         return None
     attr = ctx.module("pixel_shuffle", "nn.PixelShuffle(2)")
@@ -509,7 +527,7 @@ def _embedding(ctx: Context, x: TensorSpec, v: str) -> Step | None:
     dim = ctx.size("embedding_dim", ((1024, 64), (2048, 128), (4096, 128)))
     attr = ctx.module("embedding", f"nn.Embedding({ctx.param(ctx.vocab, 'num_embeddings')}, "
                                    f"{ctx.param(dim, 'embedding_dim')})")
-    return Step("Embedding", "nn.Embedding", f"{attr}({v})", TensorSpec(x.dims + (dim,), REAL))
+    return Step("Embedding", "nn.Embedding", f"{attr}({v})", TensorSpec(x.dims + (dim,), REAL, channel=x.rank))
 
 
 # ---- views: reshape the chain, not counted as operators ----
@@ -518,7 +536,7 @@ def _embedding(ctx: Context, x: TensorSpec, v: str) -> Step | None:
 def _flatten(ctx: Context, x: TensorSpec, v: str) -> Step | None:
     if x.rank < 3:
         return None
-    out = x.with_dims((x.dims[0], product(list(x.dims[1:]))))
+    out = x.with_dims((x.dims[0], product(list(x.dims[1:])))).with_channel(1)   # one feature axis
     return Step("Flatten", "torch.flatten", f"torch.flatten({v}, 1)", out, compute=False)
 
 
@@ -527,7 +545,8 @@ def _transpose(ctx: Context, x: TensorSpec, v: str) -> Step | None:
     if x.rank != 3:
         return None
     return Step("Transpose", "torch.transpose", f"{v}.transpose(1, 2)",
-                x.with_dims((x.dims[0], x.dims[2], x.dims[1])), compute=False)
+                x.with_dims((x.dims[0], x.dims[2], x.dims[1])).with_channel({1: 2, 2: 1}.get(x.channel)),
+                compute=False)
 
 
 CATEGORIES = tuple(dict.fromkeys(spec.category for spec in CATALOG))

@@ -33,6 +33,7 @@ class Composed:
     level: int                      # 1: one operator, 2: a fused sequence
     family: str
     ops: list[str]                  # the torch APIs, in order (the Ops-6K `ops` field)
+    categories: list[str]           # each operator's catalog category, in order (the reports' histogram)
     code: str
     output_shapes: dict[str, tuple[int, ...]]   # what forward returns at each scale (by inference)
 
@@ -45,7 +46,7 @@ def compose(seed: int, index: int, cfg: ComposeConfig) -> Composed:
     """Candidate `index` of the dataset with seed `seed`: always the same file for the same inputs."""
     rng = random.Random(f"hpc-synthesis/{seed}/{index}")
     ctx = Context(rng)
-    family = rng.choice(cfg.families)
+    family = family_of(seed, index, cfg.families)
     x = FAMILIES[family](ctx)
     maker = "randint" if x.dtype == "int64" else ("rand" if rng.random() < 0.2 else "randn")
     if maker == "rand":
@@ -53,11 +54,15 @@ def compose(seed: int, index: int, cfg: ComposeConfig) -> Composed:
     ctx.inputs.append(("x", x, maker))
     wanted = rng.randint(cfg.min_ops, cfg.max_ops)
     steps: list[tuple[Step, TensorSpec]] = []
+    categories: list[str] = []
     while sum(s.compute for s, _ in steps) < wanted:
-        step = _next_step(ctx, x, steps, cfg)
-        if step is None:
+        found = _next_step(ctx, x, steps, cfg)
+        if found is None:
             break
+        step, category = found
         steps.append((step, x))
+        if step.compute:
+            categories.append(category)
         x = step.out
     if not any(s.compute for s, _ in steps):
         raise RuntimeError(f"composer found no operator for a {family} input (seed {seed}, index {index})")
@@ -65,12 +70,23 @@ def compose(seed: int, index: int, cfg: ComposeConfig) -> Composed:
     names = [s.name for s, _ in steps if s.compute]
     out = {scale: (batch[scale],) + x.shape(scale)[1:] for scale in SCALE_NAMES}
     return Composed(index, "_".join(names), 1 if len(names) == 1 else 2, family,
-                    [s.api for s, _ in steps if s.compute], _render(ctx, steps, seed, index), out)
+                    [s.api for s, _ in steps if s.compute], categories, _render(ctx, steps, seed, index), out)
 
 
-def _next_step(ctx: Context, x: TensorSpec, steps: list, cfg: ComposeConfig) -> Step | None:
-    """A step for `x`: categories in random order (a view now and then between operators), each
-    category's entries in random order, the first that applies and fits the size caps."""
+def family_of(seed: int, index: int, families: list[str]) -> str:
+    """The input family of candidate `index`: each run of len(families) consecutive candidates
+    has every family once, in an order of its own (seeded), so no family (and with `tokens` no
+    first operator, Embedding) is drawn more than its share: 3 of 7 starting with Embedding, as
+    independent draws gave, cannot happen."""
+    block, position = divmod(index, len(families))
+    order = list(families)
+    random.Random(f"hpc-synthesis/{seed}/families/{block}").shuffle(order)
+    return order[position]
+
+
+def _next_step(ctx: Context, x: TensorSpec, steps: list, cfg: ComposeConfig) -> tuple[Step, str] | None:
+    """A step for `x` and its category: categories in random order (a view now and then between
+    operators), each category's entries in random order, the first that applies and fits the size caps."""
     previous = steps[-1][0].name if steps else ""
     # weighted order without replacement (Efraimidis-Spirakis keys)
     keys = {c: ctx.rng.random() ** (1.0 / CATEGORY_WEIGHTS[c]) for c in CATEGORIES if c != "view"}
@@ -86,7 +102,7 @@ def _next_step(ctx: Context, x: TensorSpec, steps: list, cfg: ComposeConfig) -> 
             saved = ctx.snapshot()
             step = spec.build(ctx, x, "x")
             if step is not None and _fits(step, cfg):
-                return step
+                return step, category
             ctx.restore(saved)
     return None
 

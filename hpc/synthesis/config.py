@@ -20,7 +20,8 @@ from hpc.errors import UserError
 from hpc.synthesis.context import FAMILIES
 
 # The filter chain (hpc.synthesis.filters), in the order it runs: the names `filters.skip` may give.
-FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "runtime", "compile")
+FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "variation", "structure",
+           "runtime", "compile")
 
 
 @dataclass
@@ -45,6 +46,13 @@ class FilterConfig:
     runtime_ms_gpu: list[float] = field(default_factory=lambda: [1.0, 100.0])   # eager window at the gpu scale
     runtime_ms_cpu: list[float] = field(default_factory=lambda: [0.1, 50.0])   # and at the cpu scale
     similarity: float = 0.9               # AST similarity to a benchmark task at or above which it is contaminated
+    # An output whose std / (|mean| + std) is below this is nearly constant (SELU of a log-softmax:
+    # std 0.005 around -1.744): little to learn, and a kernel returning about the mean comes close.
+    min_variation: float = 0.01
+    # Along each axis of length >= 2, the fraction of adjacent slices that differ; below it the output
+    # repeats a smaller tensor (an upsample of a length-1 signal: 0; each slice 4 times: < 0.25; by 2,
+    # a nearest upsample's, just under 0.5 passes, as does a running max, whose late slices often repeat).
+    min_slice_change: float = 0.25
     signature_match: bool = True          # same operator sequence as a benchmark task: contaminated
 
     def window(self, scale: str) -> tuple[float, float]:
@@ -97,6 +105,10 @@ class SynthesisConfig:
             window = getattr(f, key)
             if len(window) != 2 or not 0 <= window[0] < window[1]:
                 raise UserError(f"config filters.{key}: expected [low, high] with 0 <= low < high, got {window}")
+        if not 0 <= f.min_variation < 1:
+            raise UserError(f"config filters.min_variation: must be in [0, 1), got {f.min_variation}")
+        if not 0 <= f.min_slice_change <= 1:
+            raise UserError(f"config filters.min_slice_change: must be in [0, 1], got {f.min_slice_change}")
         if not 0 < f.similarity <= 1:
             raise UserError(f"config filters.similarity: must be in (0, 1], got {f.similarity}")
         if self.source and not Path(self.source).is_file():
@@ -150,6 +162,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="candidates from an Ops-6K file (.jsonl or .parquet) instead of the composer")
     p.add_argument("--import-only", action="store_true",
                    help="with --from: convert to the task format, skipping every filter but load")
+    p.add_argument("--validate", metavar="DATASET",
+                   help="check a synthesized dataset's tasks (DATASET/manifest.jsonl) at the scale training runs "
+                        "them (default: --backend cuda, --scale gpu): the filters that run a task, with that "
+                        "scale's runtime window; contaminated, duplicate and compile skipped (done when it was made)")
     p.add_argument("--benchmark", help="decontaminate against the problem files under this folder (e.g. KernelBench)")
     p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
     p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")
@@ -160,10 +176,22 @@ def config_from_args(args: argparse.Namespace) -> SynthesisConfig:
     """The config the flags ask for: the YAML file (or the defaults), then the flags on top."""
     if args.import_only and not args.source:
         raise UserError("--import-only: needs --from FILE")
+    backend, scale, source = args.backend, args.scale, args.source
+    if args.validate:
+        if args.source or args.import_only:
+            raise UserError("--validate: takes its tasks from the dataset; not with --from or --import-only")
+        source = str(Path(args.validate) / "manifest.jsonl")
+        if not Path(source).is_file():
+            raise UserError(f"--validate {args.validate}: no manifest.jsonl (a synthesized dataset folder, "
+                            "RUN/dataset, expected)")
+        backend = backend or "cuda"   # the scale follows it unless given: gpu on cuda
     absolute = {key: str(Path(value).resolve()) if value else None
-                for key, value in (("source", args.source), ("benchmark", args.benchmark))}
-    cfg = load_synthesis_config(args.config, backend=args.backend, scale=args.scale, seed=args.seed,
+                for key, value in (("source", source), ("benchmark", args.benchmark))}
+    cfg = load_synthesis_config(args.config, backend=backend, scale=scale, seed=args.seed,
                                 count=args.count, workers=args.workers, **absolute)
     if args.import_only:
         cfg.filters.skip = [name for name in FILTERS if name != "load"]
+    if args.validate:
+        cfg.filters.skip = [name for name in FILTERS if name in {"contaminated", "duplicate", "compile"}
+                            or name in cfg.filters.skip]
     return cfg

@@ -82,13 +82,14 @@ def _batch(ctx: Context) -> Dim:
 
 
 def _matrix(ctx: Context) -> TensorSpec:
-    return TensorSpec((_batch(ctx), ctx.size("features", ((1024, 128), (2048, 256), (4096, 512), (8192, 1024)))))
+    return TensorSpec((_batch(ctx), ctx.size("features", ((1024, 128), (2048, 256), (4096, 512), (8192, 1024)))),
+                      channel=1)
 
 
 def _sequence(ctx: Context) -> TensorSpec:
     b = _batch(ctx)
     return TensorSpec((b, ctx.size("seq_len", ((512, 32), (1024, 64), (2048, 128))),
-                       ctx.size("hidden_size", ((512, 64), (1024, 128), (2048, 256), (4096, 256)))))
+                       ctx.size("hidden_size", ((512, 64), (1024, 128), (2048, 256), (4096, 256)))), channel=2)
 
 
 def _image(ctx: Context) -> TensorSpec:
@@ -96,7 +97,7 @@ def _image(ctx: Context) -> TensorSpec:
     c = ctx.size("in_channels", ((3, 3), (16, 8), (32, 16), (64, 16)))
     h = ctx.size("height", ((128, 32), (256, 32), (512, 64)))
     w = ctx.size("width", ((h.gpu, h.cpu),) * 3 + ((256, 32), (128, 64)))
-    return TensorSpec((b, c, h, w))
+    return TensorSpec((b, c, h, w), channel=1)
 
 
 def _volume(ctx: Context) -> TensorSpec:
@@ -105,13 +106,13 @@ def _volume(ctx: Context) -> TensorSpec:
     d = ctx.size("depth", ((16, 8), (32, 8), (64, 16)))
     h = ctx.size("height", ((64, 16), (128, 16)))
     w = ctx.size("width", ((h.gpu, h.cpu),))
-    return TensorSpec((b, c, d, h, w))
+    return TensorSpec((b, c, d, h, w), channel=1)
 
 
 def _signal(ctx: Context) -> TensorSpec:
     b = _batch(ctx)
     return TensorSpec((b, ctx.size("in_channels", ((16, 8), (64, 16), (128, 32))),
-                       ctx.size("length", ((4096, 256), (16384, 1024), (65536, 2048)))))
+                       ctx.size("length", ((4096, 256), (16384, 1024), (65536, 2048)))), channel=1)
 
 
 def _tokens(ctx: Context) -> TensorSpec:

@@ -9,6 +9,8 @@ fails, with that filter's name and a reason (docs/synthesis.md has the table).
 - eager: builds and runs in the sandboxed reference worker, float32 outputs;
 - finite: no NaN or Inf, on default inputs and the evaluator's extra distributions;
 - constant: outputs for two different inputs differ beyond the evaluator's tolerance;
+- variation: no output nearly constant relative to its scale (std / (|mean| + std));
+- structure: no output that repeats a smaller tensor along an axis (adjacent slices equal);
 - runtime: the eager median (the evaluator's timing protocol) inside the scale's window;
 - compile: torch.compile builds it and agrees with eager.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 import tempfile
 import threading
 import time
@@ -56,22 +59,64 @@ class Verdict:
 
     accepted: bool = True
     filter: str = ""                     # the filter that rejected it
+    kind: str = ""                       # the class of its reason ("too slow", "nearly constant"): what reports count
     reason: str = ""
     ast_hash: str = ""
     signature: list[str] = field(default_factory=list)
     eager_ms: float = math.nan
+    outputs: list[dict] = field(default_factory=list)        # per output on the default inputs (output_stats)
     seconds: dict[str, float] = field(default_factory=dict)   # per filter that ran
     ran: list[str] = field(default_factory=list)              # filters that ran, in order of entry
 
-    def reject(self, name: str, reason: str) -> "Verdict":
-        self.accepted, self.filter, self.reason = False, name, reason
+    def reject(self, name: str, kind: str, reason: str) -> "Verdict":
+        self.accepted, self.filter, self.kind, self.reason = False, name, kind, reason
         return self
 
 
 class _Rejected(Exception):
-    def __init__(self, name: str, reason: str):
+    def __init__(self, name: str, kind: str, reason: str):
         super().__init__(reason)
-        self.name, self.reason = name, reason
+        self.name, self.kind, self.reason = name, kind, reason
+
+
+_EXCEPTION = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Interrupt|Exit))\b")
+
+
+def _error_kind(reason: str) -> str:
+    """The exception type a sandboxed worker's reason names ("task Model failed: RuntimeError:
+    ..."), else "error"."""
+    found = _EXCEPTION.search(reason)
+    return found.group(1) if found else "error"
+
+
+def output_stats(out: torch.Tensor) -> dict:
+    """What the reports and the variation filter read of one output: shape, mean, std and the
+    variation std / (|mean| + std) (0 for an all-zero output; None for fewer than 2 values, a
+    scalar loss say, which has no spread to judge), in float64."""
+    t = out.detach().to(torch.float64)
+    mean = float(t.mean()) if t.numel() else 0.0
+    std = float(t.std(correction=0)) if t.numel() else 0.0
+    scale = abs(mean) + std
+    variation = None if t.numel() < 2 else std / scale if scale > 0 else 0.0
+    return {"shape": list(out.shape), "mean": mean, "std": std, "variation": variation}
+
+
+def repeated_axis(out: torch.Tensor, minimum: float) -> tuple[int, float] | None:
+    """The first axis (of length >= 2) along which fewer than `minimum` of the adjacent slices
+    differ, and that fraction: the output repeats a smaller tensor along it (0: a broadcast of
+    one slice); None when there is none. Whole slices are compared, so a running max (cummax),
+    whose values repeat within a row but whose rows differ, is not a repeat."""
+    if out.numel() == 0:
+        return None
+    for axis, n in enumerate(out.shape):
+        if n < 2:
+            continue
+        differs = out.narrow(axis, 1, n - 1) != out.narrow(axis, 0, n - 1)
+        changed = differs.movedim(axis, 0).reshape(n - 1, -1).any(dim=1)
+        fraction = float(changed.sum()) / (n - 1)
+        if fraction < minimum:
+            return axis, fraction
+    return None
 
 
 def stochastic_calls(source: str) -> str:
@@ -134,7 +179,7 @@ class FilterChain:
                 self._static(index, code, path, verdict)
                 self._run(path, index, verdict)
             except _Rejected as r:
-                return verdict.reject(r.name, r.reason)
+                return verdict.reject(r.name, r.kind, r.reason)
         self.remember(verdict.ast_hash, index)
         return verdict
 
@@ -153,15 +198,15 @@ class FilterChain:
             load_task(path)
         except UserError as e:
             self._timed("load", verdict, t0)
-            raise _Rejected("load", str(e).replace(str(path), path.name)) from None
+            raise _Rejected("load", "not a task", str(e).replace(str(path), path.name)) from None
         except RecursionError:
             self._timed("load", verdict, t0)
-            raise _Rejected("load", "nested too deeply to parse") from None
+            raise _Rejected("load", "nested too deeply", "nested too deeply to parse") from None
         try:
             verdict.ast_hash = ast_hash(normalized_tokens(code))
             verdict.signature = list(op_signature(code))
         except (ValueError, RecursionError) as e:   # parses, but too deep or odd to normalize
-            raise _Rejected("load", f"cannot normalize: {type(e).__name__}: {e}") from None
+            raise _Rejected("load", "cannot normalize", f"cannot normalize: {type(e).__name__}: {e}") from None
         finally:
             self._timed("load", verdict, t0)
         if "stochastic" not in self.skip:
@@ -169,7 +214,7 @@ class FilterChain:
             found = stochastic_calls(code)
             self._timed("stochastic", verdict, t0)
             if found:
-                raise _Rejected("stochastic", f"random operation {found}")
+                raise _Rejected("stochastic", "random operation", f"random operation {found}")
         if "contaminated" not in self.skip and self.benchmark is not None:
             t0 = self._enter("contaminated", verdict)
             similar = self.benchmark.most_similar(model_tokens(code), self.cfg.filters.similarity)
@@ -177,16 +222,16 @@ class FilterChain:
                 else None
             self._timed("contaminated", verdict, t0)
             if similar:
-                raise _Rejected("contaminated", f"AST similarity {similar[1]:.3f} to benchmark {similar[0]}")
+                raise _Rejected("contaminated", "AST similarity", f"AST similarity {similar[1]:.3f} to benchmark {similar[0]}")
             if same:
-                raise _Rejected("contaminated", f"operator signature ({', '.join(verdict.signature)}) "
+                raise _Rejected("contaminated", "operator signature", f"operator signature ({', '.join(verdict.signature)}) "
                                                 f"matches benchmark {same}")
         if "duplicate" not in self.skip:
             self._enter("duplicate", verdict)
             with self._accepted_lock:
                 first = self.accepted.get(verdict.ast_hash)
             if first is not None and first < index:
-                raise _Rejected("duplicate", f"duplicate of candidate {first} (same normalized AST)")
+                raise _Rejected("duplicate", "same AST", f"duplicate of candidate {first} (same normalized AST)")
 
     def _seed(self, index: int) -> int:
         return self.eval.seed if self.eval.seed >= 0 else (self.cfg.seed * 1_000_003 + index * 7919) % (1 << 30)
@@ -222,7 +267,7 @@ class FilterChain:
         trials = [{"seed": seed + 1, "distribution": "default"}, {"seed": seed + 2, "distribution": "default"}]
         trials += [{"seed": seed + 1, "distribution": d} for d in cfg.correctness.distributions]
         kept: list[list] = []
-        nonfinite = ""
+        nonfinite, nonfinite_kind = "", ""
         for k, trial in enumerate(trials):
             t0 = self._enter("eager", verdict)
             try:
@@ -232,15 +277,16 @@ class FilterChain:
                                                    seed, cfg.backend, probe_seed=seed + 1))
                     outputs = ref.request(Outputs([trial])).outputs[0]
             except SandboxError as e:
-                raise _Rejected("eager", e.reason) from None
+                raise _Rejected("eager", _error_kind(e.reason), e.reason) from None
             finally:
                 self._timed("eager", verdict, t0)
             for i, out in enumerate(outputs):
                 if not isinstance(out, torch.Tensor):
-                    raise _Rejected("eager", f"output {i} is a {type(out).__name__}, not a tensor")
+                    raise _Rejected("eager", "not a tensor", f"output {i} is a {type(out).__name__}, not a tensor")
                 if out.dtype != torch.float32:
-                    raise _Rejected("eager", f"output {i} is {out.dtype}; tasks are float32")
+                    raise _Rejected("eager", "not float32", f"output {i} is {out.dtype}; tasks are float32")
                 if not nonfinite and not bool(torch.isfinite(out).all()):
+                    nonfinite_kind = f"NaN or Inf on {trial['distribution']} inputs"
                     nonfinite = (f"output {i} has NaN or Inf on {trial['distribution']} inputs "
                                  f"(seed {trial['seed']})")
             if k < 2:
@@ -249,28 +295,58 @@ class FilterChain:
         if "finite" not in self.skip:
             self._enter("finite", verdict)
             if nonfinite:
-                raise _Rejected("finite", nonfinite)
+                raise _Rejected("finite", nonfinite_kind, nonfinite)
         if "constant" not in self.skip:
             t0 = self._enter("constant", verdict)
             with self.lock.shared():
                 same = compare_outputs(kept[0], kept[1], cfg.correctness, self._compare_on)
             self._timed("constant", verdict, t0)
             if same.ok:
-                raise _Rejected("constant", "outputs for two different inputs agree within the evaluator's "
+                raise _Rejected("constant", "agree across inputs", "outputs for two different inputs agree within the evaluator's "
                                             "tolerance: a constant would pass")
+        self._output_checks(kept[0], verdict)
         if "stochastic" not in self.skip:
             t0 = self._enter("stochastic", verdict)
             try:
                 with self.lock.shared():
                     again = ref.request(Repeatable(seed + 1, dataclasses.asdict(cfg.correctness)))
             except SandboxError as e:
-                raise _Rejected("eager", e.reason) from None
+                raise _Rejected("eager", _error_kind(e.reason), e.reason) from None
             finally:
                 self._timed("stochastic", verdict, t0)
             if not again.same:
-                raise _Rejected("stochastic", "two calls on the same inputs differ beyond the evaluator's "
+                raise _Rejected("stochastic", "calls differ", "two calls on the same inputs differ beyond the evaluator's "
                                               f"tolerance ({again.reason})")
         return kept[0]
+
+    def _output_checks(self, outputs: list[torch.Tensor], verdict: Verdict) -> None:
+        """The outputs' statistics into the verdict (whichever filters run: the reports read
+        them); then variation (an output nearly constant relative to its scale) and structure (an
+        output that repeats a smaller tensor along an axis), on the outputs of the default inputs."""
+        f = self.cfg.filters
+        t0 = self._enter("variation", verdict) if "variation" not in self.skip else time.monotonic()
+        with self.lock.shared():
+            verdict.outputs = [output_stats(out.to(self._compare_on)) for out in outputs]
+        if "variation" not in self.skip:
+            self._timed("variation", verdict, t0)
+            for i, st in enumerate(verdict.outputs):
+                if st["variation"] is not None and st["variation"] < f.min_variation:
+                    raise _Rejected("variation", "nearly constant",
+                                    f"output {i} varies little: std {st['std']:.3g} around {st['mean']:.4g} "
+                                    f"(std / (|mean| + std) = {st['variation']:.3g} < {f.min_variation:g})")
+        if "structure" in self.skip:
+            return
+        t0 = self._enter("structure", verdict)
+        with self.lock.shared():
+            repeats = [repeated_axis(out.to(self._compare_on), f.min_slice_change) for out in outputs]
+        self._timed("structure", verdict, t0)
+        for i, found in enumerate(repeats):
+            if found is not None:
+                axis, fraction = found
+                raise _Rejected("structure", "broadcast along an axis" if fraction == 0 else "repeated slices",
+                                f"output {i} {tuple(outputs[i].shape)} repeats along axis {axis}: {fraction:.0%} "
+                                f"of adjacent slices differ (< {f.min_slice_change:.0%}), a repeat of a smaller "
+                                "tensor")
 
     def _runtime(self, task: Task, seed: int, verdict: Verdict, pair: WorkerPair) -> None:
         t0 = self._enter("runtime", verdict)
@@ -278,15 +354,15 @@ class FilterChain:
             stats, _ = measure_program(task, "eager", self.eval, seed, self.lock, pair)
         except SandboxError as e:
             self._timed("runtime", verdict, t0)
-            raise _Rejected("runtime", f"eager timing failed: {e.reason}") from None
+            raise _Rejected("runtime", "timing failed", f"eager timing failed: {e.reason}") from None
         self._timed("runtime", verdict, t0)
         verdict.eager_ms = stats.median_ms
         lo, hi = self.cfg.filters.window(self.eval.scale)
         if stats.median_ms < lo:
-            raise _Rejected("runtime", f"too fast: eager {stats.median_ms:.4g} ms < {lo:g} ms "
+            raise _Rejected("runtime", "too fast", f"too fast: eager {stats.median_ms:.4g} ms < {lo:g} ms "
                                        f"({self.eval.scale} scale window)")
         if stats.median_ms > hi:
-            raise _Rejected("runtime", f"too slow: eager {stats.median_ms:.4g} ms > {hi:g} ms "
+            raise _Rejected("runtime", "too slow", f"too slow: eager {stats.median_ms:.4g} ms > {hi:g} ms "
                                        f"({self.eval.scale} scale window)")
 
     def _compile(self, task: Task, seed: int, expected: list | None, verdict: Verdict) -> None:
@@ -305,7 +381,7 @@ class FilterChain:
                                                 seed, cfg.backend, probe_seed=seed + 1, compile="default"))
                     got = proc.request(Outputs([{"seed": seed + 1, "distribution": "default"}])).outputs[0]
             except SandboxError as e:
-                raise _Rejected("compile", f"torch.compile failed: {e.reason}") from None
+                raise _Rejected("compile", "failed", f"torch.compile failed: {e.reason}") from None
             finally:
                 self._timed("compile", verdict, t0)
         if expected is None:
@@ -313,4 +389,4 @@ class FilterChain:
         with self.lock.shared():
             same = compare_outputs(expected, got, cfg.correctness, self._compare_on)
         if not same.ok:
-            raise _Rejected("compile", f"torch.compile output differs from eager: {same.reason}")
+            raise _Rejected("compile", "differs from eager", f"torch.compile output differs from eager: {same.reason}")

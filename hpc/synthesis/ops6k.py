@@ -17,11 +17,15 @@ from pathlib import Path
 from hpc.errors import UserError
 
 
+_TASK_ID = re.compile(r"level[1-9]/[A-Za-z0-9_]+")
+
+
 @dataclass(frozen=True)
 class Row:
     code: str
     ops: list[str]
     data_source: str
+    task_id: str = ""      # a synthesized dataset's manifest.jsonl names its tasks (levelN/<stem>): kept
 
 
 def read_ops6k(path: str | Path) -> list[Row]:
@@ -42,8 +46,10 @@ def read_ops6k(path: str | Path) -> list[Row]:
         if not isinstance(record, dict) or not isinstance(record.get("code"), str) or not record["code"].strip():
             raise UserError(f"ops6k {path} {where} {number}: expected an object with a non-empty string 'code'")
         source = record.get("data_source", "")
+        task_id = record.get("task_id")
         rows.append(Row(record["code"], _ops(record.get("ops"), path, where, number),
-                        str(source) if source is not None else ""))
+                        str(source) if source is not None else "",
+                        task_id if isinstance(task_id, str) and _TASK_ID.fullmatch(task_id) else ""))
     if not rows:
         raise UserError(f"ops6k {path}: no rows")
     return rows

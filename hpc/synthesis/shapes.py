@@ -107,11 +107,15 @@ def sum_range(r: Range, n: int) -> Range:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A tensor flowing through the chain: its axes (axis 0 is the batch), dtype and value range."""
+    """A tensor flowing through the chain: its axes (axis 0 is the batch), dtype, value range, and
+    which axis holds its channels or features (1 in NCHW-style layouts, the last one after an
+    Embedding or a Linear; None where no axis means that, e.g. attention scores): per-channel
+    parameters (a bias, a norm's affine weights) broadcast along that axis and no other."""
 
     dims: tuple[Dim, ...]
     range: Range = REAL
     dtype: str = "float32"
+    channel: int | None = None
 
     @property
     def rank(self) -> int:
@@ -122,6 +126,9 @@ class TensorSpec:
 
     def with_dims(self, dims: tuple[Dim, ...] | list[Dim]) -> "TensorSpec":
         return replace(self, dims=tuple(dims))
+
+    def with_channel(self, axis: int | None) -> "TensorSpec":
+        return replace(self, channel=axis)
 
     def with_range(self, r: Range) -> "TensorSpec":
         return replace(self, range=r)

@@ -5,7 +5,7 @@ Candidate i belongs to shard i % shards. A shard appends one line per candidate 
 started again (requeued, preempted, re-submitted) reads its file, drops a torn last line and
 checks only what is missing. The merge reads every shard, deduplicates accepted tasks across
 shards in index order, and writes `RUN/dataset/` (levelN/<stem>.py task files, manifest.jsonl,
-manifest.h5, stats.json), replacing an older one whole.
+manifest.h5, stats.json, report.md), replacing an older one whole.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hpc.engine import Item, in_threads, run_items
 from hpc.errors import UserError
 from hpc.synthesis.config import FILTERS, SynthesisConfig
 from hpc.synthesis.filters import FilterChain
-from hpc.synthesis.manifest import run_stats, write_manifest
+from hpc.synthesis.manifest import run_stats, stats_table, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class Proposal:
     code: str
     ops: list[str]
     data_source: str
+    family: str = ""                 # composed: the input family; imported: ""
+    categories: tuple[str, ...] = ()  # composed: each operator's catalog category; imported: ()
 
     @property
     def task_id(self) -> str:
@@ -73,11 +75,14 @@ class Source:
             from hpc.synthesis.compose import compose
 
             c = compose(self.cfg.seed, index, self.cfg.compose)
-            return Proposal(index, c.stem, c.level, c.code, c.ops, self.cfg.data_source)
+            return Proposal(index, c.stem, c.level, c.code, c.ops, self.cfg.data_source, c.family, tuple(c.categories))
         from hpc.synthesis.ops6k import task_name
         from hpc.synthesis.similarity import op_signature
 
         row = self.rows[index]
+        if row.task_id:   # a synthesized dataset's task (--validate): its own name
+            level, stem = row.task_id.split("/")
+            return Proposal(index, stem, int(level.removeprefix("level")), row.code, row.ops, row.data_source)
         named = row.ops
         if not named:   # a row without `ops`: named after the operators its forward applies
             try:
@@ -101,18 +106,34 @@ def shard_path(out: Path, shard: int) -> Path:
     return out / f"shard-{shard:04d}.jsonl"
 
 
+# what the merge reads of every record
+_RECORD_KEYS = frozenset(("index", "stem", "task_id", "level", "accepted", "filter", "reason", "ops", "code",
+                          "ast_hash", "ran", "seconds", "eager_ms"))
+
+
 def read_shard(path: Path) -> tuple[dict | None, list[dict], int]:
     """The header, the complete records and the byte length they span (a torn last line, from a
-    shard killed mid-write, is not part of it)."""
-    data = path.read_bytes()
+    shard killed mid-write, is not part of it). A line before the last that is not a record is
+    corruption, not a torn write: a UserError naming the file and the line."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"shard {path}: cannot read ({e.strerror})") from None
     header, records, good = None, [], 0
-    for line in data.splitlines(keepends=True):
+    lines = data.splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
         if not line.endswith(b"\n"):
             break
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
-            break
+        except ValueError:        # not JSON, or not UTF-8
+            if number == len(lines):
+                break
+            raise UserError(f"shard {path} line {number}: corrupt (not a JSON record); move the file away "
+                            "to check its candidates again") from None
+        if header is not None and (not isinstance(obj, dict) or not _RECORD_KEYS <= obj.keys()):
+            raise UserError(f"shard {path} line {number}: corrupt (not a candidate record); move the file away "
+                            "to check its candidates again")
         if header is None:
             if not isinstance(obj, dict) or obj.get("format") != SHARD_FORMAT:
                 raise UserError(f"shard {path}: not a synthesis shard file")
@@ -193,7 +214,8 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
         t0 = time.monotonic()
         verdict = chain.check(item.payload, proposal.code, proposal.stem)
         return {"index": item.payload, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
-                "ops": proposal.ops, "data_source": proposal.data_source, "code": proposal.code,
+                "ops": proposal.ops, "data_source": proposal.data_source, "family": proposal.family,
+                "categories": list(proposal.categories), "code": proposal.code,
                 **{k: v for k, v in dataclasses.asdict(verdict).items() if k != "eager_ms"},
                 "eager_ms": None if math.isnan(verdict.eager_ms) else verdict.eager_ms,
                 "wall_s": round(time.monotonic() - t0, 3)}
@@ -295,7 +317,7 @@ def _dedup(records: list[dict]) -> None:
         if not rec["accepted"]:
             continue
         if rec["ast_hash"] in seen:
-            rec.update(accepted=False, filter="duplicate", reason=f"duplicate of {seen[rec['ast_hash']]} "
+            rec.update(accepted=False, filter="duplicate", kind="same AST", reason=f"duplicate of {seen[rec['ast_hash']]} "
                                                                   "(same normalized AST)")
             if "duplicate" not in rec["ran"]:
                 rec["ran"].append("duplicate")
@@ -309,18 +331,8 @@ def run_local(cfg: SynthesisConfig, out: Path) -> dict:
     return merge(out, cfg)
 
 
-def stats_table(stats: dict) -> str:
-    """The per-filter table printed at the end of a run."""
-    lines = ["| filter | entered | rejected | passed | seconds |", "|---|---:|---:|---:|---:|"]
-    for f in stats["filters"]:
-        if f["entered"]:
-            lines.append(f"| {f['name']} | {f['entered']} | {f['rejected']} | {f['passed']} | {f['seconds']:.1f} |")
-    lines.append(f"| **accepted** | {stats['candidates']} | {stats['candidates'] - stats['accepted']} | "
-                 f"{stats['accepted']} ({100 * stats['yield']:.1f}%) | {stats['candidate_seconds']:.1f} |")
-    return "\n".join(lines)
-
-
 def print_report(stats: dict, out: Path) -> None:
     """The per-filter table on stdout (the run's result) and the one-line outcome logged."""
     print(stats_table(stats))
-    log.info("synthesize: %d of %d candidates accepted into %s", stats["accepted"], stats["candidates"], out / DATASET)
+    log.info("synthesize: %d of %d candidates accepted into %s (quality report: %s)", stats["accepted"],
+             stats["candidates"], out / DATASET, out / DATASET / "report.md")
