@@ -37,7 +37,7 @@ from hpc.profile.driver import PairDriver, graph_replays
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, record_graphs, run_window,
                                 timed_by)
-from hpc.results.record import EvalRecord
+from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_pair
@@ -50,19 +50,22 @@ log = logging.getLogger(__name__)
 _BUILD_FAILED = "Error building extension"
 
 
-STOP_AFTER = ("compile", "correctness", "reward")
+# stop_after's names before the stages had one vocabulary (hpc.results.record.STOP_AFTER)
+RENAMED_STOP_AFTER = {"correctness": "verify", "reward": "profile"}
 
 
-def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str = "reward") -> EvalRecord:
+def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: StopAfter = "profile") -> EvalRecord:
     """One evaluation; never raises for anything the candidate does.
 
-    `stop_after` ends it early for an agent's tools: "compile" (its compile tool), "correctness"
-    (verify); such records keep a NaN reward unless a stage failed. The correctness reward times
-    nothing: its evaluations stop after correctness and pay a correct candidate there.
+    `stop_after` ends it early for an agent's tools: "compile" (its compile tool), "verify" (its
+    verify tool); such records keep a NaN reward unless a stage failed. "profile" runs every stage
+    and pays the reward. The correctness reward times nothing: its evaluations stop after verify
+    and pay a correct candidate there.
     """
     if stop_after not in STOP_AFTER:
-        raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}")
-    untimed = cfg.reward.kind == "correctness" and stop_after == "reward"
+        now = f" ({stop_after!r} is now {RENAMED_STOP_AFTER[stop_after]!r})" if stop_after in RENAMED_STOP_AFTER else ""
+        raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}{now}")
+    untimed = cfg.reward.kind == "correctness" and stop_after == "profile"
     t0 = time.monotonic()
     config = config_to_dict(cfg)
     rec = EvalRecord(
@@ -74,7 +77,7 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
     clock, lock = _StageClock(), DeviceLock(cfg.backend)
     try:
         with lock.active():   # counted as running beside other evaluations' timings
-            _run_stages(rec, task, candidate, cfg, "correctness" if untimed else stop_after, clock, lock)
+            _run_stages(rec, task, candidate, cfg, "verify" if untimed else stop_after, clock, lock)
     finally:
         rec.stage_seconds = json.dumps({**clock.seconds, **{k: round(v, 4) for k, v in lock.seconds.items()}})
     if rec.status == "failed":
@@ -98,7 +101,7 @@ class _StageClock:
         self._last = now
 
 
-def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str,
+def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: StopAfter,
                 clock: _StageClock, lock: DeviceLock) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file,
                             cfg.rules.libraries)
@@ -126,7 +129,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         if rec.failed_stage:
             return
         baselines = None
-        if stop_after == "reward":   # the baselines' pair starts while the candidate loads and is checked
+        if stop_after == "profile":   # the baselines' pair starts while the candidate loads and is checked
             starter = ThreadPoolExecutor(1, thread_name_prefix="baselines")
             baselines = starter.submit(start_baseline_pair, cfg)
             stack.callback(_end_pair, baselines)
@@ -217,7 +220,7 @@ class Seeds:
 
 
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
-                   model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: str,
+                   model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: StopAfter,
                    clock: _StageClock, baselines: Future | None) -> bool:
     """Load and correctness in the pair's two processes, then the window that times the candidate
     beside the baselines' pair (`baselines`, starting). False when a stage failed or `stop_after`
@@ -251,7 +254,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             _fail(rec, stage, failure, cfg)
             return False
         rec.correct = True
-        if stop_after == "correctness":
+        if stop_after == "verify":
             return False
         stage = "baseline"
         programs = baseline_programs(cfg)

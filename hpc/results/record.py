@@ -15,6 +15,11 @@ Status = Literal["ok", "failed", "error"]
 Stage = Literal["static", "compile", "load", "correctness", "timing", "baseline", "pool"]
 STATUSES: tuple[Status, ...] = get_args(Status)
 STAGES: tuple[Stage, ...] = get_args(Stage)
+# The stages an evaluation may stop after, in order (task -> candidate -> compile -> verify ->
+# profile -> reward): hpc.pipeline.evaluate's `stop_after`, a reward-pool request's `kind` and the
+# agent's tools of the same names.
+StopAfter = Literal["compile", "verify", "profile"]
+STOP_AFTER: tuple[StopAfter, ...] = get_args(StopAfter)
 
 
 @dataclass
