@@ -1,4 +1,4 @@
-"""Evaluate one candidate on one task: static -> compile -> load -> correctness -> timing -> reward.
+"""Evaluate one candidate on one task: static -> compile -> load -> verify -> profile -> reward.
 
 The harness (this process) never imports task or candidate code. The reference (the task's code,
 trusted) and the candidate each run in their own sandboxed process; every input the candidate sees
@@ -222,7 +222,7 @@ class Seeds:
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
                    model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: StopAfter,
                    clock: _StageClock, baselines: Future | None) -> bool:
-    """Load and correctness in the pair's two processes, then the window that times the candidate
+    """Load and verify in the pair's two processes, then the window that times the candidate
     beside the baselines' pair (`baselines`, starting). False when a stage failed or `stop_after`
     ended the evaluation."""
     driver = PairDriver(pair, cfg)
@@ -238,14 +238,14 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             driver.load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
         rec.compiled = True
         clock.mark("load")
-        stage = "correctness"
+        stage = "verify"
         trials = [Call(t["seed"], t["distribution"], checked=True, check_inputs=True, poison=k % 2)
                   for k, t in enumerate(seeds.trials)]
         with lock.shared():
             result = driver.run(trials, batch_limit=1)   # each trial checked before the next runs
         rec.max_abs_error, rec.max_rel_error = result.checks["max_abs_error"], result.checks["max_rel_error"]
         rec.trials = result.checks["checked"]
-        clock.mark("correctness")
+        clock.mark("verify")
         if result.failure is not None:
             failure = result.failure
             if failure.kind == FailureKind.CORRECTNESS and 0 <= failure.call < len(trials):
@@ -265,7 +265,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             rec.fail("baseline", f"baseline failed: {e.reason}", "error")
             return False
         clock.mark("baseline")
-        stage = "timing"
+        stage = "profile"
         calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked), seeds.burst)
         warmup = cfg.timing.warmup * seeds.burst
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
@@ -290,7 +290,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                 raise e.error from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
-        clock.mark("timing")
+        clock.mark("profile")
         if window.failure is not None:
             failure = window.failure
             if window.failed != "candidate":
@@ -325,8 +325,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
     if rec.candidate_ms < floor_ms:
-        rec.fail("timing", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
-                           f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
+        rec.fail("profile", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
+                            f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
     eager = TimingStats.of(figures_ms(window.times_ns["eager"], overhead_ns))
     compiled = [TimingStats.of(figures_ms(window.times_ns[p], overhead_ns)) for p in programs

@@ -135,7 +135,7 @@ def test_an_evaluation_under_the_correctness_reward_stops_after_correctness(fast
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
     assert rec.status == "ok" and rec.correct and rec.reward == 1.0 and rec.reward_kind == "correctness"
     assert math.isnan(rec.candidate_ms) and math.isnan(rec.eager_ms)
-    assert "timing" not in json.loads(rec.stage_seconds) and "baseline" not in json.loads(rec.stage_seconds)
+    assert "profile" not in json.loads(rec.stage_seconds) and "baseline" not in json.loads(rec.stage_seconds)
 
 
 @pytest.mark.parametrize("old, new", [("correctness", "verify"), ("reward", "profile")])

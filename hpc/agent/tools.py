@@ -219,8 +219,8 @@ def describe(tool: StopAfter, rec: EvalRecord, margin: float) -> str:
         return f"the evaluator failed at {rec.failed_stage} (not caused by your code; try again): {rec.reason}"
     if rec.failed_stage:
         where = {"static": "rejected before compiling", "compile": "compile failed", "load": "loading failed",
-                 "correctness": "wrong output", "timing": "timing rejected"}.get(rec.failed_stage,
-                                                                                 f"{rec.failed_stage} failed")
+                 "verify": "wrong output", "profile": "timing rejected"}.get(rec.failed_stage,
+                                                                         f"{rec.failed_stage} failed")
         text = f"{where}: {rec.reason}"
         if rec.failed_stage == "compile" and rec.compile_log.strip():
             text += "\ncompiler output:\n" + rec.compile_log.strip()
