@@ -1,4 +1,4 @@
-"""Evaluate one candidate on one task: static -> compile -> load -> correctness -> timing -> reward.
+"""Evaluate one candidate on one task: static -> compile -> load -> verify -> profile -> reward.
 
 The harness (this process) never imports task or candidate code. The reference (the task's code,
 trusted) and the candidate each run in their own sandboxed process; every input the candidate sees
@@ -37,7 +37,7 @@ from hpc.profile.driver import PairDriver, graph_replays
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, record_graphs, run_window,
                                 timed_by)
-from hpc.results.record import EvalRecord
+from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_pair
@@ -50,19 +50,22 @@ log = logging.getLogger(__name__)
 _BUILD_FAILED = "Error building extension"
 
 
-STOP_AFTER = ("compile", "correctness", "reward")
+# stop_after's names before the stages had one vocabulary (hpc.results.record.STOP_AFTER)
+RENAMED_STOP_AFTER = {"correctness": "verify", "reward": "profile"}
 
 
-def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str = "reward") -> EvalRecord:
+def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: StopAfter = "profile") -> EvalRecord:
     """One evaluation; never raises for anything the candidate does.
 
-    `stop_after` ends it early for an agent's tools: "compile" (its compile tool), "correctness"
-    (verify); such records keep a NaN reward unless a stage failed. The correctness reward times
-    nothing: its evaluations stop after correctness and pay a correct candidate there.
+    `stop_after` ends it early for an agent's tools: "compile" (its compile tool), "verify" (its
+    verify tool); such records keep a NaN reward unless a stage failed. "profile" runs every stage
+    and pays the reward. The correctness reward times nothing: its evaluations stop after verify
+    and pay a correct candidate there.
     """
     if stop_after not in STOP_AFTER:
-        raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}")
-    untimed = cfg.reward.kind == "correctness" and stop_after == "reward"
+        now = f" ({stop_after!r} is now {RENAMED_STOP_AFTER[stop_after]!r})" if stop_after in RENAMED_STOP_AFTER else ""
+        raise ValueError(f"stop_after must be one of {STOP_AFTER}, got {stop_after!r}{now}")
+    untimed = cfg.reward.kind == "correctness" and stop_after == "profile"
     t0 = time.monotonic()
     config = config_to_dict(cfg)
     rec = EvalRecord(
@@ -74,7 +77,7 @@ def evaluate(task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str 
     clock, lock = _StageClock(), DeviceLock(cfg.backend)
     try:
         with lock.active():   # counted as running beside other evaluations' timings
-            _run_stages(rec, task, candidate, cfg, "correctness" if untimed else stop_after, clock, lock)
+            _run_stages(rec, task, candidate, cfg, "verify" if untimed else stop_after, clock, lock)
     finally:
         rec.stage_seconds = json.dumps({**clock.seconds, **{k: round(v, 4) for k, v in lock.seconds.items()}})
     if rec.status == "failed":
@@ -98,7 +101,7 @@ class _StageClock:
         self._last = now
 
 
-def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: str,
+def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: StopAfter,
                 clock: _StageClock, lock: DeviceLock) -> None:
     defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file,
                             cfg.rules.libraries)
@@ -126,7 +129,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         if rec.failed_stage:
             return
         baselines = None
-        if stop_after == "reward":   # the baselines' pair starts while the candidate loads and is checked
+        if stop_after == "profile":   # the baselines' pair starts while the candidate loads and is checked
             starter = ThreadPoolExecutor(1, thread_name_prefix="baselines")
             baselines = starter.submit(start_baseline_pair, cfg)
             stack.callback(_end_pair, baselines)
@@ -217,9 +220,9 @@ class Seeds:
 
 
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
-                   model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: str,
+                   model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: StopAfter,
                    clock: _StageClock, baselines: Future | None) -> bool:
-    """Load and correctness in the pair's two processes, then the window that times the candidate
+    """Load and verify in the pair's two processes, then the window that times the candidate
     beside the baselines' pair (`baselines`, starting). False when a stage failed or `stop_after`
     ended the evaluation."""
     driver = PairDriver(pair, cfg)
@@ -235,14 +238,14 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             driver.load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
         rec.compiled = True
         clock.mark("load")
-        stage = "correctness"
+        stage = "verify"
         trials = [Call(t["seed"], t["distribution"], checked=True, check_inputs=True, poison=k % 2)
                   for k, t in enumerate(seeds.trials)]
         with lock.shared():
             result = driver.run(trials, batch_limit=1)   # each trial checked before the next runs
         rec.max_abs_error, rec.max_rel_error = result.checks["max_abs_error"], result.checks["max_rel_error"]
         rec.trials = result.checks["checked"]
-        clock.mark("correctness")
+        clock.mark("verify")
         if result.failure is not None:
             failure = result.failure
             if failure.kind == FailureKind.CORRECTNESS and 0 <= failure.call < len(trials):
@@ -251,7 +254,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             _fail(rec, stage, failure, cfg)
             return False
         rec.correct = True
-        if stop_after == "correctness":
+        if stop_after == "verify":
             return False
         stage = "baseline"
         programs = baseline_programs(cfg)
@@ -262,7 +265,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             rec.fail("baseline", f"baseline failed: {e.reason}", "error")
             return False
         clock.mark("baseline")
-        stage = "timing"
+        stage = "profile"
         calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked), seeds.burst)
         warmup = cfg.timing.warmup * seeds.burst
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
@@ -287,7 +290,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                 raise e.error from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
-        clock.mark("timing")
+        clock.mark("profile")
         if window.failure is not None:
             failure = window.failure
             if window.failed != "candidate":
@@ -322,8 +325,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
     if rec.candidate_ms < floor_ms:
-        rec.fail("timing", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
-                           f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
+        rec.fail("profile", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
+                            f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
     eager = TimingStats.of(figures_ms(window.times_ns["eager"], overhead_ns))
     compiled = [TimingStats.of(figures_ms(window.times_ns[p], overhead_ns)) for p in programs

@@ -48,7 +48,7 @@ SUITE = {"level1/a": 1, "level1/b": 1, "level2/c": 2, "level2/d": 2}
 
 
 def test_fast_p_counts_a_missing_task_as_incorrect():
-    records = [ok("level1/a", 2.0, 0.9), ok("level1/b", 1.2, 1.6), bad("level2/c", "correctness", "mismatch")]
+    records = [ok("level1/a", 2.0, 0.9), ok("level1/b", 1.2, 1.6), bad("level2/c", "verify", "mismatch")]
     assert fast_p(records, 1.0, "eager", missing=1) == 0.5
     assert fast_p(records, 1.5, "eager", missing=1) == 0.25
     assert fast_p(records, 2.0, "eager", missing=1) == 0.0          # strictly above p
@@ -61,9 +61,9 @@ def test_fast_p_counts_a_missing_task_as_incorrect():
 
 
 def test_a_failed_sample_is_never_fast_whatever_its_speedup():
-    # correct, then rejected at timing (e.g. below the physical floor): its speedup does not count
+    # correct, then rejected at profile (e.g. below the physical floor): its speedup does not count
     late = EvalRecord(task_id="level1/a", task_level=1, correct=True, speedup_eager=50.0, speedup_compile=50.0)
-    late.fail("timing", "faster than the floor")
+    late.fail("profile", "faster than the floor")
     s = summarize([late, ok("level1/b", 4.0, 1.0)])
     assert (s.pass_rate, s.faster_eager, s.fast_p_eager[2.0]) == (0.5, 0.5, 0.5)
     assert s.geomean_eager == pytest.approx(4.0, rel=1e-15)
@@ -113,17 +113,17 @@ def test_levels_split_with_their_own_missing_tasks():
 
 
 def test_failures_by_stage_in_stage_order_with_missing_and_reasons():
-    records = [bad("level1/a", "correctness", "mismatch: max abs 3"), bad("level1/b", "compile", "nvcc: error A"),
+    records = [bad("level1/a", "verify", "mismatch: max abs 3"), bad("level1/b", "compile", "nvcc: error A"),
                bad("level2/c", "compile", "nvcc: error B\nsecond line"), bad("level2/x", "compile", "nvcc: error A"),
                EvalRecord(task_id="level2/y", task_level=2, compiled=True),       # compile-only: never verified
                ok("level1/z", 1.0, 1.0)]
     suite = {**SUITE, "level1/z": 1, "level2/x": 2, "level2/y": 2}
     run = summarize_run(make_run(records, suite))
-    assert list(run.overall.failures.items()) == [("compile", 3), ("correctness", 1), ("unverified", 1),
+    assert list(run.overall.failures.items()) == [("compile", 3), ("verify", 1), ("unverified", 1),
                                                   ("missing", 1)]
     assert run.levels[2].failures == {"compile": 2, "unverified": 1, "missing": 1}
     assert run.reasons == {"compile": [("nvcc: error A", 2), ("nvcc: error B", 1)],
-                           "correctness": [("mismatch: max abs 3", 1)]}
+                           "verify": [("mismatch: max abs 3", 1)]}
     assert top_reasons(records, top=1)["compile"] == [("nvcc: error A", 2)]
 
 
@@ -174,7 +174,7 @@ def write_two_runs(root: Path) -> tuple[Path, Path]:
                                            ok("level1/a", 9.0, 9.0, reward=3.0, timestamp=1.0)])  # older: merged away
     run2 = write_results(root / "run2.h5", [
         ok("level1/a", 1.4, 1.6, reward=3.0), ok("level1/b", 1.6, 1.2, reward=2.0),
-        bad("level2/c", "correctness", "mismatch"), ok("level2/d", 3.0, 0.9, reward=2.0),
+        bad("level2/c", "verify", "mismatch"), ok("level2/d", 3.0, 0.9, reward=2.0),
         ok("level3/extra", 5.0, 5.0, reward=3.0)], margin=0.5, model="model-b")
     return run1, run2
 

@@ -23,33 +23,33 @@ MEAN_ROWS = TESTS / "fixtures" / "tasks" / "level1" / "mean_rows.py"
 
 # hack -> (stage that rejects it, words the reason must contain)
 EXPECTED = {
-    "torch_fallback": ("correctness", "aten.relu"),
-    "try_except_fallback": ("correctness", "aten.clamp_min"),
-    "late_fallback": ("timing", "aten.relu"),
-    "no_kernel": ("correctness", "called none of the candidate's own kernels"),
-    "result_reuse": ("correctness", "outside atol"),
-    "uninitialized_read": ("correctness", "outside atol"),
-    "native_thread": ("correctness", "outside atol"),
+    "torch_fallback": ("verify", "aten.relu"),
+    "try_except_fallback": ("verify", "aten.clamp_min"),
+    "late_fallback": ("profile", "aten.relu"),
+    "no_kernel": ("verify", "called none of the candidate's own kernels"),
+    "result_reuse": ("verify", "outside atol"),
+    "uninitialized_read": ("verify", "outside atol"),
+    "native_thread": ("verify", "outside atol"),
     "python_thread": ("static", "import of threading"),
-    "lazy_subclass": ("correctness", "not a plain torch.Tensor"),
-    "cached_result": ("correctness", "outside atol"),
-    "inplace_input": ("correctness", "modified its input 0 in place"),
-    "precision_downgrade": ("correctness", "outside atol"),
+    "lazy_subclass": ("verify", "not a plain torch.Tensor"),
+    "cached_result": ("verify", "outside atol"),
+    "inplace_input": ("verify", "modified its input 0 in place"),
+    "precision_downgrade": ("verify", "outside atol"),
     "timer_patch_python": ("static", "import of time"),
     "timer_patch_capi": ("compile", "Python C API"),
     "numpy_compute": ("static", "import of numpy"),
-    "segfault": ("correctness", "SIGSEGV"),
-    "out_of_memory": ("correctness", "allocate"),
+    "segfault": ("verify", "SIGSEGV"),
+    "out_of_memory": ("verify", "allocate"),
     "library_bypass": ("compile", "undefined reference"),
     "dynamic_loading": ("static", "dynamic loading is not allowed"),
-    "deferred_when_timed": ("timing", "output of timed call"),
-    "frame_reuse": ("timing", "output of timed call"),
+    "deferred_when_timed": ("profile", "output of timed call"),
+    "frame_reuse": ("profile", "output of timed call"),
     "claimed_harness_fault": ("load", "cannot report"),
 }
 
 
 # Where the CUDA variant of a hack fails differently from its CPU variant.
-CUDA_EXPECTED = {**EXPECTED, "segfault": ("correctness", "illegal memory access")}
+CUDA_EXPECTED = {**EXPECTED, "segfault": ("verify", "illegal memory access")}
 BACKENDS = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -167,7 +167,7 @@ def test_every_seed_is_drawn_on_its_own():
 def test_hang_is_killed_at_the_timeout(config):
     config.sandbox.timeout_s = 30
     rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / "hang"), config)
-    assert rec.failed_stage == "correctness" and "timed out" in rec.reason
+    assert rec.failed_stage == "verify" and "timed out" in rec.reason
     assert rec.reward == -1.0 and rec.wall_seconds < 90
 
 
@@ -194,7 +194,7 @@ def test_candidate_cannot_rewrite_the_task(tmp_path, fast_config):
                               "        return torch.empty_like(x)\n")
     rec = evaluate(load_task(task), load_candidate(hack), fast_config)
     assert task.read_bytes() == before
-    assert rec.failed_stage == "correctness" and rec.reward == -1.0
+    assert rec.failed_stage == "verify" and rec.reward == -1.0
 
 
 def test_candidate_cannot_rewrite_torch_compiles_cached_code(tmp_path, fast_config):
@@ -224,8 +224,8 @@ def test_honest_workdir_is_paid(config):
     assert abs(rec.speedup_eager - rec.eager_ms / rec.candidate_ms) < 1e-9
     assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
     stages = json.loads(rec.stage_seconds)    # the stages, and the device lock's waits and exclusive hold
-    assert {"compile", "load", "correctness", "timing"} <= set(stages)
-    assert 0 < stages["lock_held_exclusive"] <= stages["load"] + stages["timing"] and stages["lock_wait_shared"] >= 0
+    assert {"compile", "load", "verify", "profile"} <= set(stages)
+    assert 0 < stages["lock_held_exclusive"] <= stages["load"] + stages["profile"] and stages["lock_wait_shared"] >= 0
     assert rec.overhead_ms > 0    # the handshake's cost, measured on the empty program, taken off
 
 
@@ -244,5 +244,5 @@ def test_a_time_below_the_hardware_floor_is_rejected(fast_config):
     """With ceilings that make ReLU's bytes take seconds, any real measurement is 'too fast'."""
     fast_config.floor.bandwidth_gb_s_cpu = 1e-6
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
-    assert rec.failed_stage == "timing" and "below the hardware floor" in rec.reason
+    assert rec.failed_stage == "profile" and "below the hardware floor" in rec.reason
     assert rec.min_bytes == 2 * 4 * (1 << 16) and rec.flops == 0.0 and rec.floor_ms > 1e3

@@ -345,7 +345,7 @@ class ModelNew(nn.Module):
 
 
 def _rejected_as_disabled(rec) -> None:
-    assert rec.status == "failed" and rec.failed_stage == "correctness", rec.reason
+    assert rec.status == "failed" and rec.failed_stage == "verify", rec.reason
     assert "the op monitor was disabled" in rec.reason, rec.reason
     assert rec.reward == -1.0
 

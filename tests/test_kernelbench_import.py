@@ -96,7 +96,7 @@ def test_samples_map_to_records_with_our_task_ids_speedups_and_reward(kb, tmp_pa
     # faster than eager only: 2
     assert (eager_only.speedup_eager, eager_only.speedup_compile, eager_only.reward) == (4.27 / 3.5, 3.0 / 3.5, 2.0)
     # wrong output: a correctness failure, paid -1, no timing
-    assert (wrong.status, wrong.failed_stage, wrong.reason) == ("failed", "correctness", "Output mismatch")
+    assert (wrong.status, wrong.failed_stage, wrong.reason) == ("failed", "verify", "Output mismatch")
     assert (wrong.compiled, wrong.correct, wrong.trials, wrong.max_abs_error, wrong.reward) == (True, False, 5, 0.75, -1.0)
     assert math.isnan(wrong.candidate_ms) and math.isnan(wrong.speedup_eager)
     # did not compile: a compile failure with KernelBench's error as log; compile baseline was null
@@ -189,4 +189,4 @@ def test_the_documented_example_inputs_import_as_the_docs_say(tmp_path):
     ok, wrong = read_records(out)
     assert (ok.task_id, ok.correct, ok.candidate_ms, ok.eager_ms) == ("level1/19_ReLU", True, 2.0, 4.27)
     assert math.isnan(ok.reward)
-    assert (wrong.status, wrong.failed_stage, wrong.reward) == ("failed", "correctness", -1.0)
+    assert (wrong.status, wrong.failed_stage, wrong.reward) == ("failed", "verify", -1.0)

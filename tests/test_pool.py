@@ -131,7 +131,17 @@ def test_a_request_of_unknown_kind_is_refused_at_submit():
     from hpc.pool.messages import WorkItem
 
     with pytest.raises(ValueError, match="kind must be one of"):
-        Coordinator(comm=None, workers=[]).submit(WorkItem(id="x", task="t.py", candidate="c", kind="profile"))
+        Coordinator(comm=None, workers=[]).submit(WorkItem(id="x", task="t.py", candidate="c", kind="bogus"))
+
+
+def test_a_request_of_a_kind_under_its_old_name_is_refused_with_the_new_name():
+    """A request's kind is the stage it stops after (compile / verify / profile, as the agent's
+    tools): `evaluate` was profile's name before."""
+    from hpc.pool.coordinator import Coordinator
+    from hpc.pool.messages import WorkItem
+
+    with pytest.raises(ValueError, match=r"got 'evaluate' \('evaluate' is now 'profile'\)$"):
+        Coordinator(comm=None, workers=[]).submit(WorkItem(id="x", task="t.py", candidate="c", kind="evaluate"))
 
 
 def test_a_config_with_the_old_name_of_the_rules_is_one_error_line_from_every_rank(tmp_path):

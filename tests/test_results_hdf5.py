@@ -186,6 +186,34 @@ def test_a_file_from_before_the_rules_were_named_so_reads_its_policy_column_as_r
     with pytest.raises(UserError, match="missing columns policy"):
         read_records(path)
 
+
+def test_a_file_from_before_the_stages_had_one_vocabulary_reads_them_under_the_new_names(tmp_path):
+    """Version 6 renamed the stages `correctness` -> `verify` and `timing` -> `profile` (the agent's
+    tools' names): a version 5 file's failed_stage values and stage_seconds keys read under the new
+    names; in a file of version 6 an old name is a malformed row."""
+    import json
+
+    from hpc.results.hdf5 import GROUP
+
+    path = tmp_path / "v5.h5"
+    with ResultWriter(path) as w:
+        for task in ("level1/a", "level1/b", "level1/c"):
+            w.append(EvalRecord(task_id=task))
+    with h5py.File(path, "a") as f:   # the rows as the version 5 writer wrote them
+        f.attrs["schema_version"] = 5
+        f[GROUP]["failed_stage"][:] = [b"correctness", b"timing", b"compile"]
+        f[GROUP]["stage_seconds"][:] = [b'{"static": 0.1, "correctness": 2.0}', b'{"correctness": 2.0, "timing": 3.5}',
+                                        b""]
+    back = read_records(path)
+    assert [r.failed_stage for r in back] == ["verify", "profile", "compile"]
+    assert [json.loads(r.stage_seconds or "{}") for r in back] == [{"static": 0.1, "verify": 2.0},
+                                                                   {"verify": 2.0, "profile": 3.5}, {}]
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = 6
+    with pytest.raises(UserError, match="malformed, row 0: record failed_stage: expected one of"):
+        read_records(path)
+
+
 def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
     path = tmp_path / "r.h5"
     with ResultWriter(path) as w:
@@ -213,12 +241,12 @@ def test_every_status_stage_and_backend_reads_back_as_written(tmp_path):
         [(r.status, r.failed_stage, r.backend) for r in written]
 
 
-@pytest.mark.parametrize("field, value", [("status", "passed"), ("failed_stage", "verify"), ("backend", "rocm")])
+@pytest.mark.parametrize("field, value", [("status", "passed"), ("failed_stage", "correctness"), ("backend", "rocm")])
 def test_a_value_outside_its_vocabulary_is_refused_when_made_written_or_read(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"record {field}: expected one of"):
         EvalRecord(task_id="x", **{field: value})
     with pytest.raises(ValueError, match="record failed_stage"):
-        EvalRecord(task_id="x").fail("verify", "why")
+        EvalRecord(task_id="x").fail("correctness", "why")
     with pytest.raises(ValueError, match="record status"):
         EvalRecord(task_id="x").fail("load", "why", "ok")
     rec = EvalRecord(task_id="x")

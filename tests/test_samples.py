@@ -125,8 +125,8 @@ def test_evaluate_job_evaluates_every_sample_of_a_samples_file(tmp_path, cache_d
     outcome = {(r.task_id, Path(r.candidate_path).relative_to(run / "samples").as_posix()): (r.correct, r.failed_stage)
                for r in records}
     assert len(records) == 4 and outcome == {
-        ("level1/relu_a", "level1/relu_a/good"): (True, ""), ("level1/relu_a", "level1/relu_a/wrong"): (False, "correctness"),
-        ("level1/relu_b", "level1/relu_b/good"): (True, ""), ("level1/relu_b", "level1/relu_b/wrong"): (False, "correctness"),
+        ("level1/relu_a", "level1/relu_a/good"): (True, ""), ("level1/relu_a", "level1/relu_a/wrong"): (False, "verify"),
+        ("level1/relu_b", "level1/relu_b/good"): (True, ""), ("level1/relu_b", "level1/relu_b/wrong"): (False, "verify"),
     }, [r.reason for r in records]
 
 

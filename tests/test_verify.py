@@ -135,4 +135,16 @@ def test_an_evaluation_under_the_correctness_reward_stops_after_correctness(fast
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
     assert rec.status == "ok" and rec.correct and rec.reward == 1.0 and rec.reward_kind == "correctness"
     assert math.isnan(rec.candidate_ms) and math.isnan(rec.eager_ms)
-    assert "timing" not in json.loads(rec.stage_seconds) and "baseline" not in json.loads(rec.stage_seconds)
+    assert "profile" not in json.loads(rec.stage_seconds) and "baseline" not in json.loads(rec.stage_seconds)
+
+
+@pytest.mark.parametrize("old, new", [("correctness", "verify"), ("reward", "profile")])
+def test_a_stop_after_under_its_old_name_is_refused_with_the_new_name(fast_config, old, new):
+    """stop_after names the stage an evaluation stops after, as the agent's tools do."""
+    from hpc.candidate import load_candidate
+    from hpc.pipeline import evaluate
+    from hpc.task import load_task
+    from tests.conftest import RELU_TASK, TESTS
+
+    with pytest.raises(ValueError, match=rf"stop_after must be one of .*, got '{old}' \('{old}' is now '{new}'\)$"):
+        evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config, old)

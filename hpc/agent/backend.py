@@ -1,8 +1,9 @@
 """Where compile / verify / profile run: in this process, or on the MPI reward pool.
 
 Both take an immutable snapshot folder of the workdir and return the evaluator's record
-(`hpc.pipeline.evaluate` stopped after compilation, after correctness, or run to the reward), so
-an agent sees the same checks and numbers that pay its reward.
+(`hpc.pipeline.evaluate` stopped after the stage the tool is named for: compile, verify, or
+profile, which runs to the reward), so an agent sees the same checks and numbers that pay its
+reward.
 
 - `LocalBackend(cfg)`: `hpc.pipeline.evaluate` here (tests, a single machine, CPU runs).
 - `PoolBackend(client, cfg)`: a request to the pool's worker ranks (training: the GPUs that
@@ -26,19 +27,15 @@ from hpc.config import EvalConfig, config_to_dict
 from hpc.errors import UserError
 from hpc.pipeline import evaluate
 from hpc.pool.messages import Result, WorkItem
-from hpc.results.record import EvalRecord
+from hpc.results.record import EvalRecord, StopAfter
 from hpc.task import Task
-
-STOP_AFTER = {"compile": "compile", "verify": "correctness", "profile": "reward"}
-POOL_KIND = {"compile": "compile", "verify": "verify", "profile": "evaluate"}
-
 
 class EvalBackend(Protocol):
     """What the tools need: the evaluation config in force, and one evaluation of a snapshot."""
 
     config: EvalConfig
 
-    def evaluate(self, task: Task, candidate_dir: Path, tool: str) -> EvalRecord:
+    def evaluate(self, task: Task, candidate_dir: Path, tool: StopAfter) -> EvalRecord:
         """`tool` is compile, verify or profile; never raises for anything the candidate does."""
         ...
 
@@ -57,12 +54,12 @@ class LocalBackend:
     def __init__(self, cfg: EvalConfig):
         self.config = cfg
 
-    def evaluate(self, task: Task, candidate_dir: Path, tool: str) -> EvalRecord:
+    def evaluate(self, task: Task, candidate_dir: Path, tool: StopAfter) -> EvalRecord:
         try:
             candidate = load_candidate(candidate_dir)
         except UserError as e:
             return failed_record(task, self.config, str(e))
-        return evaluate(task, candidate, self.config, STOP_AFTER[tool])
+        return evaluate(task, candidate, self.config, tool)
 
 
 class PoolClient:
@@ -105,9 +102,9 @@ class PoolBackend:
         self.client, self.config, self.timeout_s, self.priority = client, cfg, timeout_s, priority
         self.served: Counter[int] = Counter()   # worker rank -> requests it answered (-1: given up)
 
-    def evaluate(self, task: Task, candidate_dir: Path, tool: str) -> EvalRecord:
+    def evaluate(self, task: Task, candidate_dir: Path, tool: StopAfter) -> EvalRecord:
         item = WorkItem(id=self.client.new_id(), task=str(task.path), candidate=str(Path(candidate_dir).resolve()),
-                        kind=POOL_KIND[tool], priority=self.priority, timeout_s=self.timeout_s,
+                        kind=tool, priority=self.priority, timeout_s=self.timeout_s,
                         meta={"task_id": task.task_id, "tool": tool})
         result = self.client.request(item)
         self.served[result.rank] += 1
@@ -140,7 +137,7 @@ class CachedBackend:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def evaluate(self, task: Task, candidate_dir: Path, tool: str) -> EvalRecord:
+    def evaluate(self, task: Task, candidate_dir: Path, tool: StopAfter) -> EvalRecord:
         key = (task.sha256, state_digest(candidate_dir), tool)
         while True:
             with self._lock:

@@ -22,7 +22,7 @@ from hpc.agent.shell import ShellUnavailable, run_bash
 from hpc.agent.toolcall import Param, ToolCall, ToolSpec
 from hpc.agent.workdir import EpisodeWorkdir, PathRefused
 from hpc.errors import UserError
-from hpc.results.record import EvalRecord
+from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.task import Task
 
 _PATH = Param("path", "string", True, "relative to the workdir")
@@ -47,9 +47,9 @@ TOOLS: dict[str, ToolSpec] = {t.name: t for t in (
                         "returns the speedups and the reward."),
     ToolSpec("finish", "End the episode; the final state of the workdir is evaluated."),
 )}
-EVAL_TOOLS = ("compile", "verify", "profile")
+EVAL_TOOLS = STOP_AFTER   # each evaluates up to the stage it is named for
 SINGLE_TURN_TOOLS = ("write_file", "edit_file")
-_ORDER = {"compile": 0, "verify": 1, "profile": 2}
+_ORDER = {tool: k for k, tool in enumerate(EVAL_TOOLS)}
 _READ_LIMIT = 16 << 20   # read_file loads a file whole; larger ones are for bash
 
 
@@ -169,12 +169,12 @@ class Toolbox:
     def _finish(self) -> ToolOutcome:
         return ToolOutcome(True, "finished: the final state of the workdir will be evaluated")
 
-    def _evaluation_tool(self, tool: str) -> ToolOutcome:
+    def _evaluation_tool(self, tool: StopAfter) -> ToolOutcome:
         state, rec = self.evaluate(tool)
         text = describe(tool, rec, self.backend.config.reward.margin)
         return ToolOutcome(rec.status == "ok", (f"state {state[:12]}\n" if state else "") + text, state, rec)
 
-    def evaluate(self, tool: str) -> tuple[str, EvalRecord]:
+    def evaluate(self, tool: StopAfter) -> tuple[str, EvalRecord]:
         """The workdir's current state and its record for `tool` (compile, verify or profile).
 
         Known results are reused: the same (state, tool), a failure of the same state at an
@@ -213,14 +213,14 @@ def _replace(target: Path, data: bytes) -> None:
         raise
 
 
-def describe(tool: str, rec: EvalRecord, margin: float) -> str:
+def describe(tool: StopAfter, rec: EvalRecord, margin: float) -> str:
     """An evaluation record as the agent reads it: what passed, what failed and why, the numbers."""
     if rec.status == "error":
         return f"the evaluator failed at {rec.failed_stage} (not caused by your code; try again): {rec.reason}"
     if rec.failed_stage:
         where = {"static": "rejected before compiling", "compile": "compile failed", "load": "loading failed",
-                 "correctness": "wrong output", "timing": "timing rejected"}.get(rec.failed_stage,
-                                                                                 f"{rec.failed_stage} failed")
+                 "verify": "wrong output", "profile": "timing rejected"}.get(rec.failed_stage,
+                                                                         f"{rec.failed_stage} failed")
         text = f"{where}: {rec.reason}"
         if rec.failed_stage == "compile" and rec.compile_log.strip():
             text += "\ncompiler output:\n" + rec.compile_log.strip()

@@ -28,7 +28,7 @@ DEFAULT_MARGIN = RewardConfig().margin
 
 
 def passed(rec: EvalRecord) -> bool:
-    """Correct and failed no later stage (a correct candidate can still fail timing or the baselines)."""
+    """Correct and failed no later stage (a correct candidate can still fail at profile or baseline)."""
     return rec.correct and not rec.failed_stage
 
 

@@ -15,7 +15,7 @@ from hpc.analysis.metrics import (BASELINES, FAST_P, MISSING, PASSED, UNVERIFIED
                                   passed, speedup, stage_segments)
 
 COLORS = {PASSED: "#2ca02c", "static": "#9467bd", "compile": "#d62728", "load": "#ff7f0e",
-          "correctness": "#e377c2", "timing": "#8c564b", "baseline": "#bcbd22", "pool": "#17becf",
+          "verify": "#e377c2", "profile": "#8c564b", "baseline": "#bcbd22", "pool": "#17becf",
           UNVERIFIED: "#7f7f7f", MISSING: "#c7c7c7"}
 TITLE = {"eager": "eager", "compile": "torch.compile"}
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, fields
 from typing import Iterator
 
-from hpc.pool.messages import BYE, KINDS, PING, READY, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
+from hpc.pool.messages import BYE, KINDS, PING, READY, RENAMED_KINDS, RESULT, STOP, STOP_NOW, WORK, Result, WorkItem
 from hpc.results.record import EvalRecord
 
 
@@ -54,7 +54,8 @@ class Coordinator:
     def submit(self, item: WorkItem) -> None:
         """Queue one request; blocks (serving the pool) while `max_queued` requests wait."""
         if item.kind not in KINDS:   # caught here, not as a crashed worker rank
-            raise ValueError(f"request {item.id}: kind must be one of {KINDS}, got {item.kind!r}")
+            now = f" ({item.kind!r} is now {RENAMED_KINDS[item.kind]!r})" if item.kind in RENAMED_KINDS else ""
+            raise ValueError(f"request {item.id}: kind must be one of {KINDS}, got {item.kind!r}{now}")
         while len(self._queue) >= self.max_queued and self.live:
             self._serve(0.01)
         heapq.heappush(self._queue, (item.priority, next(self._seq), item))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpc.results.record import STOP_AFTER, StopAfter
+
 # MPI tags
 READY = 1      # worker -> coordinator: idle, send work
 WORK = 2       # coordinator -> worker: a WorkItem, or STOP / STOP_NOW
@@ -16,20 +18,22 @@ PING = 6       # coordinator -> worker: the coordinator is alive (a worker that 
 # skip MPI_Finalize, which would wait for ranks that died
 STOP, STOP_NOW = "stop", "stop-now"
 
-KINDS = ("evaluate", "verify", "compile")
+KINDS = STOP_AFTER   # a request's kind is the stage its evaluation stops after
+RENAMED_KINDS = {"evaluate": "profile"}   # a kind's name before the stages had one vocabulary
 
 
 @dataclass
 class WorkItem:
-    """One request: evaluate / verify / compile `candidate` (a single file or workdir) on `task`.
+    """One request: evaluate `candidate` (a single file or workdir) on `task` up to stage `kind`.
 
-    `verify` stops after correctness (the agent's verify tool), `compile` after compilation.
-    Lower `priority` runs first; equal priorities run in submission order.
+    `profile` runs the whole pipeline and its reward, `verify` stops after the correctness trials
+    (the agent's verify tool), `compile` after compilation. Lower `priority` runs first; equal
+    priorities run in submission order.
     """
     id: str
     task: str
     candidate: str
-    kind: str = "evaluate"
+    kind: StopAfter = "profile"
     priority: int = 0
     timeout_s: float = 900.0
     attempts: int = 0
@@ -39,7 +43,7 @@ class WorkItem:
 @dataclass
 class Result:
     id: str
-    kind: str
+    kind: StopAfter
     record: dict               # an EvalRecord as a dict; failures included
     rank: int                  # the worker rank that produced it (-1: the coordinator gave up on it)
     seconds: float

@@ -34,9 +34,6 @@ from hpc.verify.static import link_flags
 
 log = logging.getLogger(__name__)
 
-STOP_AFTER = {"evaluate": "reward", "verify": "correctness", "compile": "compile"}
-
-
 def local_device(worker_index_on_node: int) -> str:
     """The GPU this worker owns: the n-th of CUDA_VISIBLE_DEVICES (or of all GPUs) on its node."""
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
@@ -198,7 +195,7 @@ def _run(item: WorkItem, cfg: EvalConfig) -> EvalRecord:
                          reward_kind=cfg.reward.kind).fail("static", str(e))
         rec.task_id = item.meta.get("task_id", "")
         return rec
-    return evaluate(task, candidate, cfg, STOP_AFTER[item.kind])
+    return evaluate(task, candidate, cfg, item.kind)
 
 
 def precompile(candidate_path: str, cfg: EvalConfig) -> Future | None:

@@ -47,15 +47,16 @@ import numpy as np
 from hpc.errors import UserError, os_reason, shown
 from hpc.results.columns import KINDS, column_dtype, describe, kind_of_dtype
 from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
-from hpc.results.record import COLUMNS, FIELDS, EvalRecord, record_key
+from hpc.results.record import COLUMNS, FIELDS, RENAMED_STAGES, EvalRecord, record_key
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # columns newer than version 1: older files read them as defaults (version 3 also dropped
 # candidate_host_ms and host_check_ms, which the in-process clock measured)
 ADDED_IN = {c.name: c.added_in for c in COLUMNS if c.added_in > 1}
 # columns renamed since version 1: name -> (its name before, the version that renamed it); an older
 # file's column is read under the new name
 RENAMED_IN = {"rules": ("policy", 5)}
+STAGES_RENAMED_IN = 6   # an older file's failed_stage values and stage_seconds keys read as RENAMED_STAGES says
 GROUP = "records"
 JOURNAL_ID = "journal_id"   # root attribute: the journal this file belongs to
 SCHEMA_DOC = "results/SCHEMA.md"   # root attribute `schema_doc`: where the schema is documented (in the hpc repository)
@@ -545,7 +546,8 @@ def _check_schema(f: h5py.File, path: Path) -> None:
 def read_records(path: str | os.PathLike) -> list[EvalRecord]:
     """Every complete record of a results file (SWMR-safe while a writer is still appending)."""
     path = Path(path)
-    return _as_records(path, *read_retrying(path, lambda f: complete_rows(_records_group(f, path))))
+    return _as_records(path, *read_retrying(path, lambda f: (*complete_rows(_records_group(f, path)),
+                                                             int(f.attrs["schema_version"]))))
 
 
 def _stored_name(field: str, version: int) -> str:
@@ -554,19 +556,33 @@ def _stored_name(field: str, version: int) -> str:
     return before if version < renamed_in else field
 
 
-def _as_records(path: Path, columns: dict[str, np.ndarray], n: int) -> list[EvalRecord]:
+def _as_records(path: Path, columns: dict[str, np.ndarray], n: int, version: int = SCHEMA_VERSION) -> list[EvalRecord]:
     """The rows as records; a column of an older file under a name since changed (RENAMED_IN, never
-    the name of another column) is read as its field; UserError naming the row for a value outside
-    its field's vocabulary."""
+    the name of another column) is read as its field, and its stages under their names since
+    (STAGES_RENAMED_IN); UserError naming the row for a value outside its field's vocabulary."""
     columns = {**columns, **{field: columns[before] for field, (before, _) in RENAMED_IN.items() if before in columns}}
     records = []
     for i in range(n):
         try:
             row = {fd.name: to_python(columns[fd.name][i]) for fd in FIELDS if fd.name in columns}
+            if version < STAGES_RENAMED_IN:
+                _rename_stages(row)
             records.append(EvalRecord(**row))
         except ValueError as e:
             raise UserError(f"results {path}: malformed, row {i}: {e}") from None
     return records
+
+
+def _rename_stages(row: dict) -> None:
+    """A row of a file older than STAGES_RENAMED_IN, its stages named as since (RENAMED_STAGES)."""
+    stage = row.get("failed_stage", "")
+    row["failed_stage"] = RENAMED_STAGES.get(stage, stage)
+    try:
+        seconds = json.loads(row.get("stage_seconds") or "null")
+    except ValueError:
+        return
+    if isinstance(seconds, dict):
+        row["stage_seconds"] = json.dumps({RENAMED_STAGES.get(k, k): v for k, v in seconds.items()})
 
 
 def to_python(v):

@@ -108,7 +108,7 @@ def _fill(rec: EvalRecord, sample: dict, eager: tuple[float, float] | None, comp
         rec.compile_log = str(meta.get("compilation_error", ""))
         rec.fail("compile", _reason(meta, "did not compile (KernelBench recorded no error)"))
     elif not rec.correct:
-        rec.fail("correctness", _reason(meta, "incorrect (KernelBench recorded no reason)"))
+        rec.fail("verify", _reason(meta, "incorrect (KernelBench recorded no reason)"))
     elif runtime > 0:
         rec.candidate_ms = float(runtime)
         if _is_number(stats.get("std")):

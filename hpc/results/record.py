@@ -12,9 +12,17 @@ from hpc.results.columns import column, columns_of
 
 # ok; failed: the candidate's fault (paid the incorrect reward); error: the harness's or the task's
 Status = Literal["ok", "failed", "error"]
-Stage = Literal["static", "compile", "load", "correctness", "timing", "baseline", "pool"]
+Stage = Literal["static", "compile", "load", "verify", "profile", "baseline", "pool"]
 STATUSES: tuple[Status, ...] = get_args(Status)
 STAGES: tuple[Stage, ...] = get_args(Stage)
+# The stages an evaluation may stop after, in order (task -> candidate -> compile -> verify ->
+# profile -> reward): hpc.pipeline.evaluate's `stop_after`, a reward-pool request's `kind` and the
+# agent's tools of the same names.
+StopAfter = Literal["compile", "verify", "profile"]
+STOP_AFTER: tuple[StopAfter, ...] = get_args(StopAfter)
+# Stages under their names before version 6 of the results schema (hpc.results.hdf5 reads an older
+# file's under the new ones)
+RENAMED_STAGES: dict[str, Stage] = {"correctness": "verify", "timing": "profile"}
 
 
 @dataclass
@@ -44,10 +52,17 @@ class EvalRecord:
     # outcome per stage
     status: Status = column("ok", "", "`ok`; `failed` (the candidate's fault, reward -1); `error` (the task's or "
                                       "the harness's fault, no reward)")
-    failed_stage: Stage | Literal[""] = column("", "", "the stage that failed: `static`, `compile`, `load`, "
-                                                       "`correctness`, `timing`, `baseline`, `pool` (the reward pool "
-                                                       "gave up on the request: worker rank lost or request timed "
-                                                       "out); empty when none failed")
+    failed_stage: Stage | Literal[""] = column("", "", "the stage that failed: `static` (the source checks before "
+                                                       "the build), `compile` (the build, or a single file's "
+                                                       "load_inline), `load` (the task, or the candidate in its "
+                                                       "sandboxed process), `verify` (the correctness trials: a "
+                                                       "wrong output, a broken rule, a crash or timeout), `profile` "
+                                                       "(the timing window: a wrong timed output, a crash, a time "
+                                                       "below the hardware floor), `baseline` (eager or "
+                                                       "torch.compile could not be loaded or timed), `pool` (the "
+                                                       "reward pool gave up on the request: worker rank lost or "
+                                                       "request timed out); empty when none failed. `verify` and "
+                                                       "`profile` were `correctness` and `timing` before version 6")
     reason: str = column("", "", "one line: compiler error, mismatch statistics, a broken rule (`rules: ...`), "
                                  "crash signal, timeout...")
     compiled: bool = column(False, "", "kernels built (workdir) or extension loaded (single file)")
@@ -105,10 +120,11 @@ class EvalRecord:
     timestamp: float = column(0.0, "s", "Unix time the evaluation started (seconds since 1970-01-01 UTC)")
     wall_seconds: float = column(0.0, "s", "the whole evaluation's wall time")
     stage_seconds: str = column("", "s", "wall seconds of each stage the evaluation went through, up to the one that "
-                                         "ended it: `static`, `compile`, `load`, `correctness`, `baseline`, `timing`, "
+                                         "ended it: `static`, `compile`, `load`, `verify`, `baseline`, `profile`, "
                                          "`cost` (counting the task's FLOPs and bytes), `shutdown` (ending the "
                                          "workers); and the device lock's `lock_wait_shared`, `lock_wait_exclusive`, "
-                                         "`lock_held_exclusive` (hpc/profile/device_lock.py)", json=True, added_in=2)
+                                         "`lock_held_exclusive` (hpc/profile/device_lock.py). `verify` and `profile` "
+                                         "were `correctness` and `timing` before version 6", json=True, added_in=2)
 
     def __post_init__(self):
         self.validate()

@@ -82,7 +82,7 @@ def test_work_left_running_by_a_process_that_skips_the_synchronize_is_caught(cud
 
     monkeypatch.setattr(pipeline, "kernel_defect", lambda files, libraries: "")
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "hacks_cuda" / "sync_bypass"), cuda_config)
-    assert rec.status == "failed" and rec.failed_stage == "correctness", rec.reason
+    assert rec.status == "failed" and rec.failed_stage == "verify", rec.reason
     assert "outside atol" in rec.reason and rec.reward == -1.0
 
 
