@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError, check_out_folder, writable_folder  # noqa: E402
+from hpc.errors import UsageError, UserError, check_out_folder, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 
@@ -111,7 +111,7 @@ def work_items(tasks: list, candidates_dir: str, out: Path) -> list[tuple[str, s
     if Path(candidates_dir).suffix == ".h5":
         return [(str(t.path), str(p or "")) for t, p in sample_candidates(candidates_dir, tasks, out / "samples")]
     if not Path(candidates_dir).is_dir():
-        raise UserError(f"candidates {candidates_dir}: no such folder")
+        raise UsageError(f"candidates {candidates_dir}: no such folder")
     return [(str(t.path), str(find_candidate(t, Path(candidates_dir)) or "")) for t in tasks]
 
 
@@ -177,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         setup_logging(args.verbose, args.quiet)
         if (args.candidates is None) == (args.policy is None):
-            raise UserError("give exactly one of CANDIDATES and --policy CKPT")
+            raise UsageError("give exactly one of CANDIDATES and --policy CKPT")
         stray = [name for name in POLICY_OPTIONS if getattr(args, name) is not None]
         if args.policy is None and stray:
-            raise UserError(f"--{stray[0].replace('_', '-')}: only with --policy")
+            raise UsageError(f"--{stray[0].replace('_', '-')}: only with --policy")
         if args.shards < 1:
-            raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
+            raise UsageError(f"--shards: expected an integer >= 1, got {args.shards}")
         if args.shard is not None and not 0 <= args.shard < args.shards:
-            raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
+            raise UsageError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = _config(args)
         out = check_out_folder(args.out).resolve()
         tasks = _tasks(args.tasks, args.only)

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError, writable_folder  # noqa: E402
+from hpc.errors import UsageError, UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging  # noqa: E402
 from hpc.rl.launch import RESULTS, train  # noqa: E402
@@ -94,7 +94,7 @@ def submit(args: argparse.Namespace) -> dict[str, Any] | None:
             params["slurm_srun_args"] = ["--mpi=pmix"]
         executor.update_parameters(**params)
     elif args.pool:
-        raise UserError("--submit --pool needs Slurm (MPI ranks); without it drop --pool")
+        raise UsageError("--submit --pool needs Slurm (MPI ranks); without it drop --pool")
     job = executor.submit(TrainJob(), str(Path(args.config).resolve()), str(Path(args.out).resolve()), args.pool,
                           args.trainers)
     log.info("submitted job %s (logs under %s)", job.job_id, Path(args.out) / "slurm")
