@@ -36,9 +36,11 @@ from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 log = logging.getLogger(__name__)
 
 
-def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path | UserError:
-    """analyze() as a submitit job: bad input comes back as the error, so the submitter prints one line."""
-    setup_logging()
+def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None, verbose: bool = False,
+                quiet: bool = False) -> Path | UserError:
+    """analyze() as a submitit job, logging as the submitter was asked to: bad input comes back as
+    the error, so the submitter prints one line."""
+    setup_logging(verbose, quiet)
     try:
         return analyze(runs, out, tasks, names)
     except UserError as e:
@@ -80,7 +82,7 @@ def _submit(args: argparse.Namespace, runs: list[str], out: str, tasks: str | No
             raise UsageError(f"run {run}: no such file or folder")
     executor = make_executor(Path(out) / "submitit", args.executor, "hpc-analyze", args.time,
                              cpus_per_task=args.cpus_per_task, partition=args.partition, account=args.account)
-    job = executor.submit(analyze_job, runs, out, tasks, args.name)
+    job = executor.submit(analyze_job, runs, out, tasks, args.name, args.verbose, args.quiet)
     log.info("analyze: %s job %s", executor.cluster, job.job_id)
     try:
         result = job.result()

@@ -137,3 +137,16 @@ def test_domain_errors_are_user_errors_and_their_builtin(cls, builtin):
 def test_results_checkpoint_and_candidate_errors_are_not_os_errors():
     """Code that handles an OSError (retry, journal, a full disk) must not swallow them."""
     assert not any(issubclass(c, OSError) for c in (ResultsFileError, CheckpointError, CandidateError))
+
+
+ENTRY_POINTS = ("hpc/cli.py", "hpc/pool/__main__.py", "hpc/agent/__main__.py", "hpc/policy/hf_convert.py",
+                "jobs/analyze.py", "jobs/evaluate.py", "jobs/synthesize.py", "jobs/train.py")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_every_entry_point_catches_the_base_class(module):
+    """Whatever kind a library raised, the entry point ends it as one `error:` line (the tests of
+    each command check the line and the exit code)."""
+    tree = ast.parse((REPO / module).read_text())
+    caught = {n.type.id for n in ast.walk(tree) if isinstance(n, ast.ExceptHandler) and isinstance(n.type, ast.Name)}
+    assert "UserError" in caught

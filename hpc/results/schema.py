@@ -10,6 +10,7 @@ import logging
 import re
 from pathlib import Path
 
+from hpc.errors import read_reason
 from hpc.logs import add_logging_args, setup_logging
 from hpc.results.columns import Column
 from hpc.results.record import COLUMNS
@@ -53,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     add_logging_args(parser)
     args = parser.parse_args(argv)
     setup_logging(args.verbose, args.quiet)
-    text = args.document.read_text()
     try:
+        text = args.document.read_text()
         new = with_tables(text)
+    except OSError as e:
+        log.error("error: %s: %s", args.document, read_reason(e))
+        return 2
     except ValueError as e:
         log.error("error: %s: %s", args.document, e)
         return 2
