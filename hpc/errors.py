@@ -1,5 +1,6 @@
-"""Errors that reach the user as one line, never as a traceback, and the reading of input files
-that turns every way a file can be odd into such a line."""
+"""Errors that reach the user as one line, never as a traceback: UserError, which only entry
+points catch, and its kinds, one for each kind of input, which library code raises; and the
+reading of input files that turns every way a file can be odd into such an error."""
 
 from __future__ import annotations
 
