@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.compile.native import SOURCE_SUFFIX
-from hpc.errors import CandidateError, UserError, read_input, read_reason, shown, utf8_name
+from hpc.errors import CandidateError, MissingCandidateError, read_input, read_reason, shown, utf8_name
 
 SINGLE_FILE = "single_file"
 WORKDIR = "workdir"
@@ -48,7 +48,7 @@ class Candidate:
 def load_candidate(path: str | Path) -> Candidate:
     """Read a candidate into memory, so later edits to the source cannot change what is evaluated.
 
-    UserError when `path` does not exist; CandidateError (a UserError) when it exists but is no
+    MissingCandidateError when `path` does not exist; CandidateError when it exists but is no
     candidate: neither a .py file nor a workdir, unreadable, too large, a FIFO or link loop where a
     file should be, a link out of the workdir, or a file name that is not valid UTF-8 (file names
     are hashed and stored as text)."""
@@ -57,7 +57,7 @@ def load_candidate(path: str | Path) -> Candidate:
     try:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
-        raise UserError(f"{what}: no such file or folder") from None
+        raise MissingCandidateError(f"{what}: no such file or folder") from None
     except OSError as e:
         raise CandidateError(f"{what}: {read_reason(e)}") from None
     budget = _Budget(what)

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Iterator
 
 from hpc.entry import Parser
-from hpc.errors import CandidateError, UserError, check_results_name, read_reason, shown
+from hpc.errors import CandidateError, ConfigError, UsageError, UserError, check_results_name, read_reason, shown
 from hpc.logs import add_logging_args, setup_logging
 
 log = logging.getLogger(__name__)
@@ -114,14 +114,14 @@ def _config(args):
     from hpc.config import command_line_config
 
     if args.config is not None:
-        _not_special(args.config, f"config {shown(args.config)}")
+        _not_special(args.config, f"config {shown(args.config)}", ConfigError)
     try:
         return command_line_config(args.config, args.backend, args.scale, args.iterations, args.seed)
     except UnicodeDecodeError:
-        raise UserError(f"config {shown(args.config)}: not UTF-8 text") from None
+        raise ConfigError(f"config {shown(args.config)}: not UTF-8 text") from None
 
 
-def _not_special(path: str, what: str) -> None:
+def _not_special(path: str, what: str, error: type[UserError]) -> None:
     """Refuse a path that exists but is no regular file (a folder, a FIFO that a reader would block
     on, a device) or cannot be looked at (a link loop); a missing one is left to its reader."""
     try:
@@ -129,9 +129,9 @@ def _not_special(path: str, what: str) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        raise UserError(f"{what}: {read_reason(e)}") from None
+        raise error(f"{what}: {read_reason(e)}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{what}: {'is a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
+        raise error(f"{what}: {'is a folder' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,11 +197,11 @@ def _eval_suite(args, cfg) -> int:
     from hpc.task import discover_suite, select_tasks
 
     if args.jobs < 1:
-        raise UserError(f"--jobs: expected an integer >= 1, got {args.jobs}")
+        raise UsageError(f"--jobs: expected an integer >= 1, got {args.jobs}")
     tasks = select_tasks(discover_suite(args.tasks), args.only, args.tasks)
     if not os.path.isdir(args.candidates):
-        raise UserError(f"candidates {shown(args.candidates)}: "
-                        f"{'not a folder' if os.path.lexists(args.candidates) else 'no such folder'}")
+        raise UsageError(f"candidates {shown(args.candidates)}: "
+                         f"{'not a folder' if os.path.lexists(args.candidates) else 'no such folder'}")
     with _results(args, cfg) as store:
         records = evaluate_suite(tasks, Path(args.candidates), cfg, store, args.jobs)
     print(summary_table(records))
@@ -224,7 +224,7 @@ def _results(args, cfg) -> Iterator[object]:
     from hpc.config import config_to_dict
     from hpc.results.hdf5 import RecordStore, provenance
 
-    _not_special(args.out, f"--out {shown(args.out)}")
+    _not_special(args.out, f"--out {shown(args.out)}", UsageError)
     check_results_name(args.out)
     with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:
         yield store

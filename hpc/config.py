@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from hpc.errors import UserError, read_input
+from hpc.errors import ConfigError, read_input
 
 Backend = Literal["cpu", "cuda"]   # where an evaluation runs
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
@@ -154,8 +154,8 @@ class EvalConfig:
             _check_choice("baseline.compile_modes[]", m,
                           ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
         if not self.baseline.compile_modes and self.reward.kind == "continuous":
-            raise UserError("config baseline.compile_modes: the continuous reward is the speedup over torch.compile, "
-                            "so it needs at least one mode")
+            raise ConfigError("config baseline.compile_modes: the continuous reward is the speedup over torch.compile, "
+                              "so it needs at least one mode")
         positive = {"correctness.trials": self.correctness.trials, "timing.iterations": self.timing.iterations,
                     "sandbox.timeout_s": self.sandbox.timeout_s, "sandbox.memory_gb": self.sandbox.memory_gb,
                     "timing.calibration_calls": self.timing.calibration_calls, "timing.rounds": self.timing.rounds,
@@ -164,7 +164,7 @@ class EvalConfig:
                     "compile.max_library_mb": self.compile.max_library_mb}
         for key, value in positive.items():
             if value <= 0:
-                raise UserError(f"config {key}: must be > 0, got {value}")
+                raise ConfigError(f"config {key}: must be > 0, got {value}")
         for key, value in {"timing.warmup": self.timing.warmup, "reward.margin": self.reward.margin,
                            "timing.frame_ms_cpu": self.timing.frame_ms_cpu,
                            "timing.frame_ms_cuda": self.timing.frame_ms_cuda,
@@ -173,12 +173,12 @@ class EvalConfig:
                            "floor.bandwidth_gb_s_cpu": self.floor.bandwidth_gb_s_cpu,
                            "correctness.timed_checks": self.correctness.timed_checks}.items():
             if value < 0:
-                raise UserError(f"config {key}: must be >= 0, got {value}")
+                raise ConfigError(f"config {key}: must be >= 0, got {value}")
         if self.sandbox.run_as_uid < -1:
-            raise UserError(f"config sandbox.run_as_uid: must be a uid >= 0, or -1 (stay uid 0), "
-                            f"got {self.sandbox.run_as_uid}")
+            raise ConfigError(f"config sandbox.run_as_uid: must be a uid >= 0, or -1 (stay uid 0), "
+                              f"got {self.sandbox.run_as_uid}")
         if self.correctness.timed_checks > self.timing.iterations:
-            raise UserError("config correctness.timed_checks: must not exceed timing.iterations")
+            raise ConfigError("config correctness.timed_checks: must not exceed timing.iterations")
 
 
 # Extra input distributions for correctness trials, applied to floating-point inputs (see
@@ -190,7 +190,7 @@ DISTRIBUTIONS = {"wide": 8.0, "small": 1.0 / 64, "heavy": "pareto"}
 
 def _check_choice(key: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise UserError(f"config {key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
+        raise ConfigError(f"config {key}: expected one of {', '.join(map(str, choices))}, got {value!r}")
 
 
 # Keys that existed once, by the config class that had them: a config that still sets one gets a
@@ -213,7 +213,7 @@ def build_config(cls, data: Any, prefix: str, also_known: tuple[str, ...] = ()):
     name the key by its dotted path under `prefix`. Shared by every config of the project.
     `also_known`: keys the caller took out before (`preset`), named with the known ones."""
     if not isinstance(data, dict):
-        raise UserError(f"config {prefix or 'top level'}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(f"config {prefix or 'top level'}: expected a mapping, got {type(data).__name__}")
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -221,8 +221,8 @@ def build_config(cls, data: Any, prefix: str, also_known: tuple[str, ...] = ()):
         path = f"{prefix}{key}"
         if key not in names:
             if (cls, key) in REMOVED_KEYS:
-                raise UserError(f"config {path}: {REMOVED_KEYS[cls, key]}")
-            raise UserError(f"config {path}: unknown key (known: {', '.join(sorted(names | set(also_known)))})")
+                raise ConfigError(f"config {path}: {REMOVED_KEYS[cls, key]}")
+            raise ConfigError(f"config {path}: unknown key (known: {', '.join(sorted(names | set(also_known)))})")
         kwargs[key] = _coerce(hints[key], value, path)
     return cls(**kwargs)
 
@@ -233,26 +233,26 @@ def _coerce(tp, value: Any, path: str):
     if get_origin(tp) is list:
         (inner,) = get_args(tp)
         if not isinstance(value, list):
-            raise UserError(f"config {path}: expected a list, got {type(value).__name__}")
+            raise ConfigError(f"config {path}: expected a list, got {type(value).__name__}")
         return [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float, str, bool) and (type(value) is not tp):
-        raise UserError(f"config {path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"config {path}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
     return value
 
 
 def read_yaml_mapping(path: str | os.PathLike) -> dict:
-    """A YAML config file's top-level mapping (empty file: {}); one-line UserError otherwise."""
-    raw = read_input(Path(path), 16 << 20, f"config {path}")
+    """A YAML config file's top-level mapping (empty file: {}); one-line ConfigError otherwise."""
+    raw = read_input(Path(path), 16 << 20, f"config {path}", ConfigError)
     try:
         data = yaml.safe_load(raw.decode("utf-8")) or {}
     except UnicodeDecodeError:
-        raise UserError(f"config {path}: not UTF-8 text") from None
+        raise ConfigError(f"config {path}: not UTF-8 text") from None
     except yaml.YAMLError as e:
-        raise UserError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
-        raise UserError(f"config {path}: expected a mapping, got {type(data).__name__}")
+        raise ConfigError(f"config {path}: expected a mapping, got {type(data).__name__}")
     return data
 
 

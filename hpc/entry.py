@@ -1,5 +1,5 @@
 """What the entry points share at their boundary: an argument parser whose usage errors are
-UserErrors, so that they end like any bad input (one `error:` line, exit 2), and the way out of
+UsageErrors, so that they end like any bad input (one `error:` line, exit 2), and the way out of
 an MPI rank that must not wait in MPI_Finalize."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import NoReturn
 
-from hpc.errors import UserError
+from hpc.errors import UsageError
 
 
 def summary(doc: str | None) -> str:
@@ -19,11 +19,11 @@ def summary(doc: str | None) -> str:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, its usage errors raised as UserError(`PROG: message`) instead of
+    """argparse's parser, its usage errors raised as UsageError(`PROG: message`) instead of
     printed with the usage and exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        raise UserError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: {message}")
 
 
 def exit_now(code: int) -> NoReturn:

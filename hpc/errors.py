@@ -1,5 +1,6 @@
-"""Errors that reach the user as one line, never as a traceback, and the reading of input files
-that turns every way a file can be odd into such a line."""
+"""Errors that reach the user as one line, never as a traceback: UserError, which only entry
+points catch, and its kinds, one for each kind of input, which library code raises; and the
+reading of input files that turns every way a file can be odd into such an error."""
 
 from __future__ import annotations
 
@@ -11,12 +12,63 @@ from pathlib import Path
 
 
 class UserError(Exception):
-    """Bad input from the user (a task, candidate, config, file or argument): print and exit non-zero."""
+    """The boundary's base class: input a user can fix, which an entry point (hpc/cli.py, the
+    `python -m` mains, jobs/*.py) shows as one `error:` line and exit 2. It is caught, never raised:
+    library code raises the subclass below that says which input is wrong, so that a library caller
+    can tell a bad config from a damaged results file, and only the entry point decides that the
+    user sees it (tests/test_errors.py holds each module to the classes it may raise)."""
+
+
+class UsageError(UserError, ValueError):
+    """How a command was run: an argument or option, a folder it names, the ranks it was started with."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config file or one of its settings, or a setting a component was given (a client's); the
+    message names the key."""
+
+
+class TaskError(UserError, ValueError):
+    """A task's problem file, or a folder of them."""
 
 
 class CandidateError(UserError):
     """A candidate that exists but cannot be evaluated (unreadable, too large, no candidate's shape):
     the candidate's failure, recorded like any other, where a missing one is a usage error."""
+
+
+class MissingCandidateError(UserError):
+    """A candidate path that names nothing: a usage error where one candidate was asked for by name,
+    a failed record where a suite looked for it (CandidateError is the candidate's own failure)."""
+
+
+class ResultsFileError(UserError):
+    """A results file (HDF5) or a run folder of them: unreadable, not ours, of another schema,
+    damaged past its journal, or not writable (a full disk)."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint (a training run's, or a Hugging Face model's files): missing, incomplete, not
+    the model's, or not writable."""
+
+
+class TokenizerError(UserError, ValueError):
+    """A tokenizer's files, or a tokenizer that does not fit the model or chat format it is used with."""
+
+
+class DataFileError(UserError, ValueError):
+    """A data file or folder read as input (samples, KernelBench results and baselines, ops6k rows,
+    synthesis shards and manifests, recorded replies, solutions, a benchmark folder): missing or
+    malformed."""
+
+
+class TrainingError(UserError, RuntimeError):
+    """A training run that cannot go on with what its stages produced (a stage left with no data)."""
+
+
+class ToolchainError(UserError, RuntimeError):
+    """This machine's compiler cannot build a part the harness needs (a candidate's failed build is
+    its record, not this)."""
 
 
 def shown(text: object) -> str:
@@ -41,7 +93,7 @@ def utf8_name(name: str) -> bool:
     return True
 
 
-def read_input(path: Path, limit: int, what: str, error: type[UserError] = UserError) -> bytes:
+def read_input(path: Path, limit: int, what: str, error: type[UserError]) -> bytes:
     """The bytes of an input file, at most `limit` of them, or `error` naming `what` and why not:
     missing, a folder, a FIFO, socket or device (opened without blocking, never read), a symbolic
     link loop, unreadable (root reads files of any mode), or too large (checked before reading)."""
@@ -89,7 +141,7 @@ def check_out_folder(path: str | os.PathLike, option: str = "--out") -> Path:
         if folder.exists():
             if not folder.is_dir():
                 where = "exists and" if folder == path else f"{folder}"
-                raise UserError(f"{option} {path}: {where} is not a folder")
+                raise UsageError(f"{option} {path}: {where} is not a folder")
             break
     return path
 
@@ -101,7 +153,7 @@ def check_results_name(path: str | os.PathLike, option: str = "--out") -> Path:
     """A results file a user named: `--out r.txt` would get HDF5 under a text file's name."""
     path = Path(path)
     if path.suffix.lower() not in HDF5_SUFFIXES:
-        raise UserError(f"{option} {path}: an HDF5 results file's name ends in {', '.join(HDF5_SUFFIXES)}")
+        raise UsageError(f"{option} {path}: an HDF5 results file's name ends in {', '.join(HDF5_SUFFIXES)}")
     return path
 
 
@@ -123,7 +175,7 @@ def writable_folder(path: str | os.PathLike, option: str = "--out", make: bool =
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(f"{option} {shown(path)}: cannot write ({e.strerror or e})") from None
+        raise UsageError(f"{option} {shown(path)}: cannot write ({e.strerror or e})") from None
     return path
 
 

@@ -73,6 +73,19 @@ def setup_logging(verbose: bool = False, quiet: bool = False, rank: int | None =
         logging.getLogger(name).setLevel(level)
 
 
+class JobLogging:
+    """A submitit job's logging (mixed into the callable that is pickled to the node): the
+    --verbose/--quiet of the command that submitted it travel with it, so that the job's log holds
+    the lines the user asked for. Without a handler of its own the job's process would show only
+    warnings (Python's last-resort handler) and lose its status lines."""
+
+    def __init__(self, verbose: bool = False, quiet: bool = False) -> None:
+        self.verbose, self.quiet = verbose, quiet
+
+    def setup_logging(self) -> None:
+        setup_logging(self.verbose, self.quiet)
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to sys.stderr as it is when a record comes (pytest's capture, redirect_stderr), as
     Python's last-resort handler does."""

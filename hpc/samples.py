@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from hpc.candidate import MODEL_FILE
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 from hpc.results.columns import Column, describe
 from hpc.task import Task
 
@@ -68,32 +68,32 @@ def write_samples(path: str | Path, samples: list[Sample], model: str = "") -> N
 
 
 def read_samples(path: str | Path) -> list[Sample]:
-    """Every sample of a samples file, in file order; any malformation is a UserError naming the dataset."""
+    """Every sample of a samples file, in file order; any malformation is a DataFileError naming the dataset."""
     path = Path(path)
     where = f"samples {path}"
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise UserError(f"{where}: cannot read as HDF5 ({e})") from None
+        raise DataFileError(f"{where}: cannot read as HDF5 ({e})") from None
     with f:
         if _text(f.attrs.get("format")) != FORMAT:
-            raise UserError(f"{where}: not a samples file (attribute format is not {FORMAT!r})")
+            raise DataFileError(f"{where}: not a samples file (attribute format is not {FORMAT!r})")
         if f.attrs.get("format_version") != FORMAT_VERSION:
-            raise UserError(f"{where}: format_version {f.attrs.get('format_version')} is not {FORMAT_VERSION}")
+            raise DataFileError(f"{where}: format_version {f.attrs.get('format_version')} is not {FORMAT_VERSION}")
         columns = {c.name: _column(f, c.name, where) for c in COLUMNS if c.name != "files" or c.name in f}
     rows = len(columns["task_id"])
     for name, values in columns.items():
         if len(values) != rows:
-            raise UserError(f"{where}: dataset {name} has {len(values)} rows, task_id has {rows}")
+            raise DataFileError(f"{where}: dataset {name} has {len(values)} rows, task_id has {rows}")
     samples = []
     for i in range(rows):
         files = columns["files"][i] if "files" in columns else ""
         try:
             files = json.loads(files) if files else {}
         except json.JSONDecodeError as e:
-            raise UserError(f"{where}: dataset files row {i}: not JSON ({e})") from None
+            raise DataFileError(f"{where}: dataset files row {i}: not JSON ({e})") from None
         if not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
-            raise UserError(f"{where}: dataset files row {i}: expected a JSON object of path -> text")
+            raise DataFileError(f"{where}: dataset files row {i}: expected a JSON object of path -> text")
         samples.append(Sample(columns["task_id"][i], columns["sample_id"][i], columns["code"][i], files))
     _check_all(samples, where)
     return samples
@@ -141,15 +141,15 @@ def sample_candidates(path: str | Path, tasks: list[Task], root: str | Path) -> 
     --only may have left their tasks out."""
     samples = read_samples(path)
     if not samples:
-        raise UserError(f"samples {path}: no samples")
+        raise DataFileError(f"samples {path}: no samples")
     by_task: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
         by_task[sample.task_id].append(sample)
     known = {t.task_id for t in tasks}
     others = [s.task_id for s in samples if s.task_id not in known]
     if len(others) == len(samples):
-        raise UserError(f"samples {path}: no sample is of a task evaluated here (samples name {others[0]!r}, "
-                        f"tasks are named like {tasks[0].task_id!r})")
+        raise DataFileError(f"samples {path}: no sample is of a task evaluated here (samples name {others[0]!r}, "
+                            f"tasks are named like {tasks[0].task_id!r})")
     if others:
         log.warning("samples %s: %d sample(s) of tasks not evaluated here left out (e.g. %s)", path, len(others),
                     others[0])
@@ -162,19 +162,19 @@ def _check_all(samples: list[Sample], where: str) -> None:
     for i, s in enumerate(samples):
         at = f"{where}: sample {i} ({s.task_id}/{s.sample_id})"
         if not all(map(_is_name, s.task_id.split("/"))):
-            raise UserError(f"{at}: dataset task_id: expected a task id like level1/19_ReLU")
+            raise DataFileError(f"{at}: dataset task_id: expected a task id like level1/19_ReLU")
         if not _is_name(s.sample_id):
-            raise UserError(f"{at}: dataset sample_id: expected letters, digits, '.', '_' or '-'")
+            raise DataFileError(f"{at}: dataset sample_id: expected letters, digits, '.', '_' or '-'")
         if bool(s.code) == bool(s.files):
-            raise UserError(f"{at}: expected exactly one of datasets code and files")
+            raise DataFileError(f"{at}: expected exactly one of datasets code and files")
         if s.files and MODEL_FILE not in s.files:
-            raise UserError(f"{at}: dataset files: no {MODEL_FILE}")
+            raise DataFileError(f"{at}: dataset files: no {MODEL_FILE}")
         for name in s.files:
             # what load_candidate reads of a workdir; anything else would be silently left out
             if name != MODEL_FILE and not (name.startswith("kernels/") and _is_name(name.removeprefix("kernels/"))):
-                raise UserError(f"{at}: dataset files: {name!r} is not {MODEL_FILE} or kernels/<file>")
+                raise DataFileError(f"{at}: dataset files: {name!r} is not {MODEL_FILE} or kernels/<file>")
         if (s.task_id, s.sample_id) in seen:
-            raise UserError(f"{at}: sample id repeated for this task")
+            raise DataFileError(f"{at}: sample id repeated for this task")
         seen.add((s.task_id, s.sample_id))
 
 
@@ -185,16 +185,16 @@ def _is_name(part: str) -> bool:
 
 def _column(f: h5py.File, name: str, where: str) -> list[str]:
     if name not in f:
-        raise UserError(f"{where}: missing dataset {name}")
+        raise DataFileError(f"{where}: missing dataset {name}")
     ds = f[name]
     if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or h5py.check_string_dtype(ds.dtype) is None:
-        raise UserError(f"{where}: dataset {name}: expected a 1-D dataset of strings")
+        raise DataFileError(f"{where}: dataset {name}: expected a 1-D dataset of strings")
     values = []
     for i, raw in enumerate(ds[:]):
         try:
             values.append(_text(raw))
         except UnicodeDecodeError:
-            raise UserError(f"{where}: dataset {name} row {i}: not UTF-8") from None
+            raise DataFileError(f"{where}: dataset {name} row {i}: not UTF-8") from None
     return values
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from hpc.analysis.metrics import make_run, summarize_run
 from hpc.candidate import Candidate, load_candidate
 from hpc.config import EvalConfig
-from hpc.errors import UserError, shown
+from hpc.errors import CandidateError, MissingCandidateError, shown
 from hpc.engine import Item, Unkept, in_threads, run_items
 from hpc.pipeline import evaluate
 from hpc.results.hdf5 import RecordStore
@@ -100,11 +100,12 @@ def suite_entries(pairs: list[tuple[Task | BadTask, Path | None]], where: str) -
         if isinstance(task, BadTask):
             entries.append(Entry(task, None, None))
             continue
+        if path is None:
+            entries.append(Entry(task, None, None, f"no candidate for {task.task_id} under {where}"))
+            continue
         try:
-            if path is None:
-                raise UserError(f"no candidate for {task.task_id} under {where}")
             entries.append(Entry(task, path, load_candidate(path)))
-        except UserError as e:   # a missing or malformed candidate is one failed record, not a stopped suite
+        except (CandidateError, MissingCandidateError) as e:   # one failed record, not a stopped suite
             entries.append(Entry(task, path, None, str(e)))
     return entries
 

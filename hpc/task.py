@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from hpc.errors import UserError, read_input, shown, utf8_name
+from hpc.errors import TaskError, read_input, shown, utf8_name
 
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 SCALES = ("cpu", "gpu")
@@ -39,25 +39,25 @@ class Task:
 
 
 def load_task(path: str | Path) -> Task:
-    """Validate a problem file by its syntax tree and describe it; raises UserError if malformed."""
+    """Validate a problem file by its syntax tree and describe it; raises TaskError if malformed."""
     path = Path(path)
     what = f"task {shown(path)}"
-    source = read_input(path, MAX_BYTES, what)
+    source = read_input(path, MAX_BYTES, what, TaskError)
     if path.suffix != ".py":
-        raise UserError(f"{what}: expected a .py problem file")
+        raise TaskError(f"{what}: expected a .py problem file")
     if not utf8_name(path.name):
-        raise UserError(f"{what}: file name is not valid UTF-8 (the task id is stored as text)")
+        raise TaskError(f"{what}: file name is not valid UTF-8 (the task id is stored as text)")
     try:
         tree = ast.parse(source, filename=shown(path))
     except (SyntaxError, ValueError) as e:   # ValueError: NUL bytes, on some Python versions
         line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
-        raise UserError(f"{what}: syntax error{line}: {getattr(e, 'msg', e)}") from None
+        raise TaskError(f"{what}: syntax error{line}: {getattr(e, 'msg', e)}") from None
     except (RecursionError, MemoryError):
-        raise UserError(f"{what}: cannot be parsed (nested too deeply)") from None
+        raise TaskError(f"{what}: cannot be parsed (nested too deeply)") from None
     defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     missing = [name for name in REQUIRED if name not in defined]
     if missing:
-        raise UserError(f"{what}: not a KernelBench problem file (missing {', '.join(missing)})")
+        raise TaskError(f"{what}: not a KernelBench problem file (missing {', '.join(missing)})")
     declared = _declared_scales(tree, path)
     task_id, level = task_identity(path)
     return Task(Path(os.path.realpath(path)), task_id, level, hashlib.sha256(source).hexdigest(), declared)
@@ -78,12 +78,12 @@ def _declared_scales(tree: ast.Module, path: Path) -> tuple[str, ...]:
             if not (isinstance(value, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str)
                                                         and isinstance(v, ast.Dict)
                                                         for k, v in zip(value.keys, value.values))):
-                raise UserError(f"task {shown(path)}: SCALES must be a dict literal mapping scale name to a dict "
+                raise TaskError(f"task {shown(path)}: SCALES must be a dict literal mapping scale name to a dict "
                                 "of overrides")
             names = {k.value for k in value.keys}
             unknown = names - set(SCALES)
             if unknown:
-                raise UserError(f"task {shown(path)}: SCALES has unknown scale(s) {', '.join(sorted(unknown))}")
+                raise TaskError(f"task {shown(path)}: SCALES has unknown scale(s) {', '.join(sorted(unknown))}")
             return tuple(sorted(names))
     return ()
 
@@ -115,24 +115,24 @@ class BadTask:
 def discover_suite(root: str | Path) -> list[Task | BadTask]:
     """Every problem file under a folder (a suite; one file is a suite of one), in a stable order,
     each loaded or, when malformed, a BadTask. Candidates are matched by task id, so a task id met
-    a second time is a BadTask too. UserError only when `root` holds no problem files at all."""
+    a second time is a BadTask too. TaskError only when `root` holds no problem files at all."""
     root = Path(root)
     if root.is_file():
         files = [root]
     elif root.is_dir():
         files = sorted(p for p in root.rglob("*.py") if not p.name.startswith("_"))
         if not files:
-            raise UserError(f"tasks {shown(root)}: no problem files (*.py) found")
+            raise TaskError(f"tasks {shown(root)}: no problem files (*.py) found")
     elif os.path.lexists(root):
-        raise UserError(f"tasks {shown(root)}: not a regular file or folder (a FIFO, a device, a link loop?)")
+        raise TaskError(f"tasks {shown(root)}: not a regular file or folder (a FIFO, a device, a link loop?)")
     else:
-        raise UserError(f"tasks {shown(root)}: no such file or folder")
+        raise TaskError(f"tasks {shown(root)}: no such file or folder")
     suite: list[Task | BadTask] = []
     first: dict[str, Path] = {}
     for path in files:
         try:
             item: Task | BadTask = load_task(path)
-        except UserError as e:
+        except TaskError as e:
             item = BadTask(path, *task_identity(path), str(e))
         if item.task_id in first:
             item = BadTask(path, item.task_id, item.level,
@@ -143,11 +143,11 @@ def discover_suite(root: str | Path) -> list[Task | BadTask]:
 
 
 def discover_tasks(root: str | Path) -> list[Task]:
-    """The tasks of a suite (`discover_suite`); UserError at the first malformed one."""
+    """The tasks of a suite (`discover_suite`); TaskError at the first malformed one."""
     suite = discover_suite(root)
     for item in suite:
         if isinstance(item, BadTask):
-            raise UserError(item.reason)
+            raise TaskError(item.reason)
     return suite
 
 
@@ -156,9 +156,9 @@ TaskLike = TypeVar("TaskLike", bound="Task | BadTask")
 
 def select_tasks(tasks: Sequence[TaskLike], only: Sequence[str] | None, where: str | os.PathLike) -> list[TaskLike]:
     """The tasks whose id contains one of `only` (all when it is empty): what --only and a config's
-    `only:` mean everywhere. UserError when none is left, naming `where` the tasks came from."""
+    `only:` mean everywhere. TaskError when none is left, naming `where` the tasks came from."""
     chosen = [t for t in tasks if not only or any(s in t.task_id for s in only)]
     if not chosen:
-        raise UserError(f"tasks {shown(where)}: no task id contains {' or '.join(only)}" if only
+        raise TaskError(f"tasks {shown(where)}: no task id contains {' or '.join(only)}" if only
                         else f"tasks {shown(where)}: no tasks")
     return chosen

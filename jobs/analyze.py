@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 from hpc.analysis.runs import analyze  # noqa: E402
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError, check_out_folder  # noqa: E402
+from hpc.errors import UsageError, UserError, check_out_folder  # noqa: E402
 from hpc.executor import CLUSTERS, add_executor_args, make_executor  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 
@@ -36,9 +36,11 @@ from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 log = logging.getLogger(__name__)
 
 
-def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path | UserError:
-    """analyze() as a submitit job: bad input comes back as the error, so the submitter prints one line."""
-    setup_logging()
+def analyze_job(runs: list[str], out: str, tasks: str | None, names: list[str] | None, verbose: bool = False,
+                quiet: bool = False) -> Path | UserError:
+    """analyze() as a submitit job, logging as the submitter was asked to: bad input comes back as
+    the error, so the submitter prints one line."""
+    setup_logging(verbose, quiet)
     try:
         return analyze(runs, out, tasks, names)
     except UserError as e:
@@ -77,10 +79,10 @@ def _submit(args: argparse.Namespace, runs: list[str], out: str, tasks: str | No
     """Run analyze() as one submitit job and wait; None when the job itself failed (reported)."""
     for run in runs:   # the obvious mistakes answered here, not from a queued job
         if not Path(run).exists():
-            raise UserError(f"run {run}: no such file or folder")
+            raise UsageError(f"run {run}: no such file or folder")
     executor = make_executor(Path(out) / "submitit", args.executor, "hpc-analyze", args.time,
                              cpus_per_task=args.cpus_per_task, partition=args.partition, account=args.account)
-    job = executor.submit(analyze_job, runs, out, tasks, args.name)
+    job = executor.submit(analyze_job, runs, out, tasks, args.name, args.verbose, args.quiet)
     log.info("analyze: %s job %s", executor.cluster, job.job_id)
     try:
         result = job.result()

@@ -38,14 +38,14 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError, check_out_folder, writable_folder  # noqa: E402
+from hpc.errors import UsageError, UserError, check_out_folder, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
-from hpc.logs import add_logging_args, setup_logging  # noqa: E402
+from hpc.logs import JobLogging, add_logging_args, setup_logging  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
-class EvaluateShard(submitit.helpers.Checkpointable):
+class EvaluateShard(JobLogging, submitit.helpers.Checkpointable):
     """One array task: its share of the items into its own HDF5 file. Checkpointable: on
     preemption or timeout submitit requeues it with the same arguments, and the file it wrote
     tells it where it stopped."""
@@ -57,6 +57,7 @@ class EvaluateShard(submitit.helpers.Checkpointable):
         from hpc.suite import describe, evaluate_entry, suite_entries
         from hpc.task import load_task
 
+        self.setup_logging()
         path = Path(out_dir) / f"shard-{shard:04d}.h5"
         mine = [item for i, item in enumerate(items) if i % shards == shard]
         tasks = {task_path: load_task(task_path) for task_path in dict.fromkeys(p for p, _ in mine)}
@@ -74,7 +75,7 @@ class EvaluateShard(submitit.helpers.Checkpointable):
         return {"shard": shard, "file": str(path), "evaluated": run.evaluated, "skipped": run.skipped}
 
 
-class EvaluatePolicyShard(submitit.helpers.Checkpointable):
+class EvaluatePolicyShard(JobLogging, submitit.helpers.Checkpointable):
     """One array task of a policy evaluation (hpc.rl.evaluation): its share of the (problem file,
     sample index) items played, scored and recorded in its own HDF5 file; requeued like
     EvaluateShard, it plays only the samples that file lacks."""
@@ -83,7 +84,7 @@ class EvaluatePolicyShard(submitit.helpers.Checkpointable):
                  policy) -> dict:
         from hpc.rl.evaluation import evaluate_shard
 
-        setup_logging()
+        self.setup_logging()
         preempted = watch_for_sigterm()
         summary = evaluate_shard(policy, items, shard, shards, Path(out_dir), cfg, preempted)
         _exit_if_preempted(preempted)
@@ -111,7 +112,7 @@ def work_items(tasks: list, candidates_dir: str, out: Path) -> list[tuple[str, s
     if Path(candidates_dir).suffix == ".h5":
         return [(str(t.path), str(p or "")) for t, p in sample_candidates(candidates_dir, tasks, out / "samples")]
     if not Path(candidates_dir).is_dir():
-        raise UserError(f"candidates {candidates_dir}: no such folder")
+        raise UsageError(f"candidates {candidates_dir}: no such folder")
     return [(str(t.path), str(find_candidate(t, Path(candidates_dir)) or "")) for t in tasks]
 
 
@@ -177,14 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         setup_logging(args.verbose, args.quiet)
         if (args.candidates is None) == (args.policy is None):
-            raise UserError("give exactly one of CANDIDATES and --policy CKPT")
+            raise UsageError("give exactly one of CANDIDATES and --policy CKPT")
         stray = [name for name in POLICY_OPTIONS if getattr(args, name) is not None]
         if args.policy is None and stray:
-            raise UserError(f"--{stray[0].replace('_', '-')}: only with --policy")
+            raise UsageError(f"--{stray[0].replace('_', '-')}: only with --policy")
         if args.shards < 1:
-            raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
+            raise UsageError(f"--shards: expected an integer >= 1, got {args.shards}")
         if args.shard is not None and not 0 <= args.shard < args.shards:
-            raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
+            raise UsageError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = _config(args)
         out = check_out_folder(args.out).resolve()
         tasks = _tasks(args.tasks, args.only)
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         log.error("error: %s", e)
         return 2
-    shard_job, extra = (EvaluateShard(), ()) if policy is None else (EvaluatePolicyShard(), (policy,))
+    levels = (args.verbose, args.quiet)   # the jobs log as this command was asked to
+    shard_job, extra = (EvaluateShard(*levels), ()) if policy is None else (EvaluatePolicyShard(*levels), (policy,))
     if args.shard is not None:
         try:
             summary = shard_job(args.shard, args.shards, items, str(out), cfg, *extra)

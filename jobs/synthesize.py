@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError, writable_folder  # noqa: E402
+from hpc.errors import UsageError, UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
 from hpc.logs import add_logging_args, setup_logging  # noqa: E402
 
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         setup_logging(args.verbose, args.quiet)
         if args.shards < 1:
-            raise UserError(f"--shards: expected an integer >= 1, got {args.shards}")
+            raise UsageError(f"--shards: expected an integer >= 1, got {args.shards}")
         if args.shard is not None and not 0 <= args.shard < args.shards:
-            raise UserError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
+            raise UsageError(f"--shard: expected 0..{args.shards - 1}, got {args.shard}")
         cfg = config_from_args(args)
         out = writable_folder(args.out, make=False).resolve()
         if args.merge:

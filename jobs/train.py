@@ -35,21 +35,21 @@ if str(ROOT) not in sys.path:
 import submitit  # noqa: E402
 
 from hpc.entry import Parser, summary  # noqa: E402
-from hpc.errors import UserError, writable_folder  # noqa: E402
+from hpc.errors import UsageError, UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
-from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging  # noqa: E402
+from hpc.logs import ON_EVERY_RANK, JobLogging, add_logging_args, setup_logging  # noqa: E402
 from hpc.rl.launch import RESULTS, train  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-class TrainJob(submitit.helpers.Checkpointable):
+class TrainJob(JobLogging, submitit.helpers.Checkpointable):
     """The submitit job: every task of it runs `train` (under Slurm with `--mpi=pmix`, the tasks
     are the MPI world). Requeued on preemption or timeout, it resumes from the run's checkpoints."""
 
     def __call__(self, config: str, out: str, pool: bool, trainers: int) -> dict[str, Any] | UserError | None:
-        setup_logging()
+        self.setup_logging()
         try:
-            return train(config, out, pool, trainers)
+            return train(config, out, pool, trainers, self.quiet)
         except UserError as e:
             # the job's answer, not its failure: the submitter says it in one line (raised, it would be
             # submitit's traceback of the job), and bad input is no reason to requeue
@@ -94,8 +94,8 @@ def submit(args: argparse.Namespace) -> dict[str, Any] | None:
             params["slurm_srun_args"] = ["--mpi=pmix"]
         executor.update_parameters(**params)
     elif args.pool:
-        raise UserError("--submit --pool needs Slurm (MPI ranks); without it drop --pool")
-    job = executor.submit(TrainJob(), str(Path(args.config).resolve()), str(Path(args.out).resolve()), args.pool,
+        raise UsageError("--submit --pool needs Slurm (MPI ranks); without it drop --pool")
+    job = executor.submit(TrainJob(args.verbose, args.quiet), str(Path(args.config).resolve()), str(Path(args.out).resolve()), args.pool,
                           args.trainers)
     log.info("submitted job %s (logs under %s)", job.job_id, Path(args.out) / "slurm")
     results = job.results()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpc.config import EvalConfig, load_config
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 
 
 def test_defaults_match_the_reward_and_protocol_of_the_design():
@@ -42,16 +42,16 @@ def test_yaml_overrides_nested_keys(tmp_path):
 def test_bad_config_names_the_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(path)
 
 
 def test_unreadable_and_invalid_yaml_are_user_errors(tmp_path):
-    with pytest.raises(UserError, match="missing.yaml: no such file"):
+    with pytest.raises(ConfigError, match="missing.yaml: no such file"):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("timing: [unclosed\n")
-    with pytest.raises(UserError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
 
 
@@ -75,7 +75,7 @@ def test_the_candidates_rules_are_set_under_rules(tmp_path):
 def test_the_old_name_of_the_rules_is_one_line_naming_the_new_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(OLD_RULES_KEY)
-    with pytest.raises(UserError) as e:
+    with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value) == f"config policy: {RENAMED}"
 
@@ -95,7 +95,7 @@ def test_a_training_configs_eval_section_refuses_the_old_name_while_its_policy_s
     from hpc.policy.config import PolicyModelConfig
     from hpc.rl.train_config import train_config
 
-    with pytest.raises(UserError) as e:
+    with pytest.raises(ConfigError) as e:
         train_config(_training_data(eval={"policy": {"libraries": ["cublas"]}}))
     assert str(e.value) == f"config eval.policy: {RENAMED}"
     cfg = train_config(_training_data(eval={"rules": {"libraries": ["cublas"]}}))
@@ -107,7 +107,7 @@ def test_a_synthesis_configs_eval_section_refuses_the_old_name(tmp_path):
 
     path = tmp_path / "s.yaml"
     path.write_text("eval:\n  policy:\n    libraries: [cublas]\n")
-    with pytest.raises(UserError) as e:
+    with pytest.raises(ConfigError) as e:
         load_synthesis_config(path)
     assert str(e.value) == f"config eval.policy: {RENAMED}"
     path.write_text("count: 1\neval:\n  rules:\n    libraries: [cublas]\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpc.engine import Item, in_threads, run_items
-from hpc.errors import UserError
+from hpc.errors import TaskError
 from hpc.results.hdf5 import RecordStore, read_records
 from hpc.results.record import EvalRecord
 from hpc.task import BadTask, select_tasks
@@ -111,5 +111,5 @@ def test_only_means_the_task_ids_containing_one_of_the_strings():
     assert [t.task_id for t in select_tasks(tasks, ["gelu"], "tasks")] == ["level1/01_gelu", "level2/01_gemm_gelu"]
     assert [t.task_id for t in select_tasks(tasks, ["level1/", "gemm"], "tasks")] == [t.task_id for t in tasks]
     assert select_tasks(tasks, [], "tasks") == tasks
-    with pytest.raises(UserError, match="no task id contains conv or pool"):
+    with pytest.raises(TaskError, match="no task id contains conv or pool"):
         select_tasks(tasks, ["conv", "pool"], "tasks")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hpc.entry import Parser, summary
-from hpc.errors import UserError
+from hpc.errors import UsageError
 from tests.conftest import ROOT
 
 
@@ -31,7 +31,7 @@ def test_no_entry_point_cuts_its_description_at_the_first_line():
 def test_a_usage_error_is_a_user_error_naming_the_command():
     p = Parser(prog="jobs/x.py")
     p.add_argument("--out", required=True)
-    with pytest.raises(UserError, match=r"^jobs/x.py: the following arguments are required: --out$"):
+    with pytest.raises(UsageError, match=r"^jobs/x.py: the following arguments are required: --out$"):
         p.parse_args([])
 
 

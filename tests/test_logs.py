@@ -4,10 +4,15 @@ multi-rank job, libraries' records shown as before; and every entry point takes 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from hpc import logs
+from tests.conftest import ROOT
 
 log = logging.getLogger("hpc.test_logs")
 
@@ -131,6 +136,7 @@ ENTRY_POINTS = {
     "hpc import-kernelbench": ("hpc.cli", ["import-kernelbench", "eval_results.json", "--level", "1", "--out", "r.h5"]),
     "hpc synthesize": ("hpc.cli", ["synthesize", "--out", "run"]),
     "hpc serve": ("hpc.cli", ["serve", "--hf", "model"]),
+    "hpc repair": ("hpc.cli", ["repair", "r.h5"]),
     "jobs/train.py": ("jobs.train", ["--config", "c.yaml", "--out", "run"]),
     "jobs/evaluate.py": ("jobs.evaluate", ["tasks", "candidates", "--out", "run"]),
     "jobs/analyze.py": ("jobs.analyze", ["r.h5", "--out", "report"]),
@@ -163,3 +169,45 @@ def test_hf_convert_takes_verbose_and_quiet(capsys):
         assert exit.value.code == 0
         help_text = capsys.readouterr().out
         assert "--verbose" in help_text and "--quiet" in help_text
+
+
+def _run_of_two_shards(root: Path) -> Path:
+    """A run folder of two shard files: jobs/analyze.py merges them, and says so in an INFO line."""
+    from tests.test_analysis import ok, write_results
+
+    write_results(root / "shard-0000.h5", [ok("level1/a", 2.0, 1.5)])
+    write_results(root / "shard-0001.h5", [ok("level1/b", 0.5, 0.25)])
+    return root
+
+
+def _analyze(run: Path, out: Path, *flags: str, rank: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in logs.RANK_VARIABLES}
+    if rank is not None:
+        env["RANK"] = rank   # as torchrun sets it
+    return subprocess.run([sys.executable, "jobs/analyze.py", str(run), "--out", str(out), *flags], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags, rank, shown", [
+    ((), None, "analyze: merged 2 shards"), (("--quiet",), None, None), (("-v",), None, "analyze: merged 2 shards"),
+    ((), "1", None), (("--verbose",), "1", "[rank 1] analyze: merged 2 shards")])
+def test_quiet_verbose_and_the_rank_filter_of_a_real_command(tmp_path, flags, rank, shown):
+    """jobs/analyze.py as a user runs it: its status line by default and with -v, none with --quiet;
+    on rank 1 of a job none, unless --verbose (prefixed). Its output (the report's path) and exit
+    code are the same in every case."""
+    run, out = _run_of_two_shards(tmp_path / "run"), tmp_path / "report"
+    proc = _analyze(run, out, *flags, rank=rank)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(out / "report.md"), proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines == ([shown.replace("2 shards", f"2 shards of {run} into {run / 'results.h5'} (2 records)")]
+                     if shown else []), proc.stderr
+
+
+@pytest.mark.parametrize("flags, shown", [((), True), (("--quiet",), False)])
+def test_a_submitted_job_logs_as_its_command_was_asked_to(tmp_path, flags, shown):
+    """The job's own log (a submitit job, here a local one) keeps the submitter's --quiet."""
+    run, out = _run_of_two_shards(tmp_path / "run"), tmp_path / "report"
+    proc = _analyze(run, out, "--executor", "local", *flags)
+    assert proc.returncode == 0, proc.stderr
+    job_log = "".join(p.read_text() for p in (out / "submitit").glob("*_log.err"))
+    assert ("analyze: merged 2 shards" in job_log) == shown, job_log

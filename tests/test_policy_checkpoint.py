@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hpc.errors import UserError
+from hpc.errors import CheckpointError
 from hpc.policy.checkpoint import checkpoint_dir, latest_step, load_checkpoint, save_checkpoint
 
 # megatron-core and torch.distributed.checkpoint warn about TE, Apex and their own deprecations.
@@ -110,13 +110,13 @@ def test_critic_checkpoint_round_trip(cfg, tmp_path):
 
 def test_missing_and_incomplete_checkpoints_are_refused(cfg, tmp_path):
     net, opt = _fresh(cfg, 0)
-    with pytest.raises(UserError, match="no checkpoint"):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
         load_checkpoint(tmp_path, net)
     save_checkpoint(tmp_path, 3, net)
-    with pytest.raises(UserError, match="without optimizer"):
+    with pytest.raises(CheckpointError, match="without optimizer"):
         load_checkpoint(tmp_path, net, opt)
     (checkpoint_dir(tmp_path, 3) / "hpc_policy.json").unlink()
-    with pytest.raises(UserError, match="not a complete checkpoint"):
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_checkpoint(tmp_path, net)
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 from hpc.policy.config import PRESETS, config_dict, load_policy_config, policy_config
 from hpc.policy.parallel import first_slurm_host, launch_env
 
@@ -61,19 +61,19 @@ def test_yaml_preset_with_overrides(tmp_path):
     ({"parallel": {"tenser": 2}}, "policy.parallel.tenser"),
 ])
 def test_errors_name_the_key(data, key):
-    with pytest.raises(UserError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         policy_config(data)
 
 
 def test_an_unknown_key_lists_preset_among_the_known_ones():
-    with pytest.raises(UserError, match=r"policy\.presett: unknown key \(known: .*\bpreset\b"):
+    with pytest.raises(ConfigError, match=r"policy\.presett: unknown key \(known: .*\bpreset\b"):
         policy_config({"presett": "tiny"})
 
 
 def test_world_size_must_be_a_multiple_of_model_parallel():
     cfg = policy_config({"parallel": {"tensor": 2}})
     cfg.validate(world_size=4)
-    with pytest.raises(UserError, match="world size 3"):
+    with pytest.raises(ConfigError, match="world size 3"):
         cfg.validate(world_size=3)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc.errors import UserError
+from hpc.errors import TokenizerError
 from hpc.policy.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 TEXTS = ["", "plain ascii", "__global__ void k(float* a) { a[i] += 1; }\n", "héllo wörld 🚀 ∑", "<|eos|> is text here"]
@@ -75,9 +75,9 @@ def test_hf_tokenizer_special_ids(tmp_path):
 
 
 def test_hf_tokenizer_errors(tmp_path):
-    with pytest.raises(UserError, match="no tokenizer.json"):
+    with pytest.raises(TokenizerError, match="no tokenizer.json"):
         HFTokenizer(tmp_path)
     root = make_hf_tokenizer(tmp_path)
     (root / "tokenizer_config.json").write_text("{}")
-    with pytest.raises(UserError, match="no eos token"):
+    with pytest.raises(TokenizerError, match="no eos token"):
         HFTokenizer(root)

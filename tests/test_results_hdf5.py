@@ -13,7 +13,7 @@ import h5py
 import pytest
 
 from hpc.config import BACKENDS
-from hpc.errors import UserError
+from hpc.errors import ResultsFileError
 from hpc.results.columns import Column, columns_of
 from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
 from hpc.results.record import COLUMNS, STAGES, EvalRecord
@@ -89,7 +89,7 @@ def test_a_second_writer_is_refused_while_the_first_lives(tmp_path):
     try:
         while int(proc.stdout.readline()) < 3:
             pass
-        with pytest.raises(UserError, match="another process is writing it"):
+        with pytest.raises(ResultsFileError, match="another process is writing it"):
             ResultWriter(path)
     finally:
         proc.kill()
@@ -115,14 +115,14 @@ def test_a_live_reader_follows_the_writer(tmp_path):
 def test_malformed_files_are_user_errors(tmp_path):
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"not hdf5 at all")
-    with pytest.raises(UserError, match="cannot read as HDF5"):
+    with pytest.raises(ResultsFileError, match="cannot read as HDF5"):
         read_records(junk)
     other = tmp_path / "other.h5"
     with h5py.File(other, "w") as f:
         f.create_dataset("x", data=[1, 2, 3])
-    with pytest.raises(UserError, match="not an hpc results file"):
+    with pytest.raises(ResultsFileError, match="not an hpc results file"):
         read_records(other)
-    with pytest.raises(UserError, match="not an hpc results file"):
+    with pytest.raises(ResultsFileError, match="not an hpc results file"):
         ResultWriter(other)
 
 
@@ -162,7 +162,7 @@ def test_a_version_1_file_reads_with_newer_columns_as_defaults_and_takes_no_appe
     (rec,) = read_records(path)
     assert rec.task_id == "level1/x" and rec.candidate_ms == 2.0 and math.isnan(rec.overhead_ms)
     assert rec.stage_seconds == ""
-    with pytest.raises(UserError, match="schema version 1; new results go to a new file"):
+    with pytest.raises(ResultsFileError, match="schema version 1; new results go to a new file"):
         ResultWriter(path)
 
 
@@ -183,7 +183,7 @@ def test_a_file_from_before_the_rules_were_named_so_reads_its_policy_column_as_r
     assert rec.task_id == "level1/x" and rec.rules == '{"libraries": ["cublas"]}'
     with h5py.File(path, "a") as f:
         del f[GROUP]["policy"]
-    with pytest.raises(UserError, match="missing columns policy"):
+    with pytest.raises(ResultsFileError, match="missing columns policy"):
         read_records(path)
 
 
@@ -221,7 +221,7 @@ def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
             w.append(EvalRecord(task_id=f"level1/t{k}", reason="x" * 200))
     cut = tmp_path / "cut.h5"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(UserError, match="cannot read as HDF5"):
+    with pytest.raises(ResultsFileError, match="cannot read as HDF5"):
         read_records(cut)
 
 
@@ -258,7 +258,7 @@ def test_a_value_outside_its_vocabulary_is_refused_when_made_written_or_read(tmp
         w.append(EvalRecord(task_id="y"))
     with h5py.File(path, "a") as f:   # a file written by something else: the reader refuses the row
         f[f"records/{field}"][0] = value.encode()
-    with pytest.raises(UserError, match=f"malformed, row 0: record {field}: expected one of"):
+    with pytest.raises(ResultsFileError, match=f"malformed, row 0: record {field}: expected one of"):
         read_records(path)
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 from hpc.policy.model import token_logprobs_and_entropy
 from hpc.rl.advantages import (broadcast_to_tokens, gae, group_normalized, last_token_rewards, masked_mean,
                                masked_whiten)
@@ -146,11 +146,11 @@ def test_rl_config_defaults_are_the_papers_and_errors_name_the_key(tmp_path):
     path = tmp_path / "rl.yaml"
     path.write_text("rl:\n  algorithm: grpo\n  group_size: 4\n")
     assert (load_rl_config(path).algorithm, load_rl_config(path).group_size) == ("grpo", 4)
-    with pytest.raises(UserError, match="config rl.clip_hi: unknown key"):
+    with pytest.raises(ConfigError, match="config rl.clip_hi: unknown key"):
         load_rl_config({"clip_hi": 0.3})
-    with pytest.raises(UserError, match="config rl.algorithm: expected one of ppo, grpo"):
+    with pytest.raises(ConfigError, match="config rl.algorithm: expected one of ppo, grpo"):
         load_rl_config({"algorithm": "dpo"})
-    with pytest.raises(UserError, match="config rl.lam: expected float"):
+    with pytest.raises(ConfigError, match="config rl.lam: expected float"):
         load_rl_config({"lam": "high"})
 
 
@@ -159,13 +159,13 @@ def test_rl_config_ppo_epochs_and_minibatches_are_integers_of_one_or_more():
     cfg = load_rl_config({"ppo_epochs": 4, "minibatches": 8})
     assert (cfg.ppo_epochs, cfg.minibatches) == (4, 8)
     for key in ("ppo_epochs", "minibatches"):
-        with pytest.raises(UserError, match=f"config rl.{key}: must be an integer >= 1, got 0"):
+        with pytest.raises(ConfigError, match=f"config rl.{key}: must be an integer >= 1, got 0"):
             load_rl_config({key: 0})
-        with pytest.raises(UserError, match=f"config rl.{key}: expected int, got float 2.0"):
+        with pytest.raises(ConfigError, match=f"config rl.{key}: expected int, got float 2.0"):
             load_rl_config({key: 2.0})
-        with pytest.raises(UserError, match=f"config rl.{key}: expected int, got bool True"):
+        with pytest.raises(ConfigError, match=f"config rl.{key}: expected int, got bool True"):
             load_rl_config({"rl": {key: True}})
-        with pytest.raises(UserError, match=f"config rl.{key}: must be an integer >= 1, got 2.0"):
+        with pytest.raises(ConfigError, match=f"config rl.{key}: must be an integer >= 1, got 2.0"):
             dataclasses.replace(cfg, **{key: 2.0}).validate()
 
 

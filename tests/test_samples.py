@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpc.candidate import SINGLE_FILE, WORKDIR, load_candidate
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 from hpc.results.hdf5 import read_records
 from hpc.samples import Sample, materialize, read_samples, write_samples
 from tests.conftest import RELU_TASK, ROOT, TESTS
@@ -92,7 +92,7 @@ GOOD = {"task_id": ["level1/relu"], "sample_id": ["0"], "code": [SINGLE]}
 ])
 def test_bad_samples_files_are_a_clear_error(tmp_path, attrs, datasets, words):
     path = _raw(tmp_path / "bad.h5", attrs, **datasets)
-    with pytest.raises(UserError) as err:
+    with pytest.raises(DataFileError) as err:
         read_samples(path)
     assert str(err.value).startswith(f"samples {path}: ") and words in str(err.value), str(err.value)
 
@@ -100,9 +100,9 @@ def test_bad_samples_files_are_a_clear_error(tmp_path, attrs, datasets, words):
 def test_not_hdf5_and_writing_a_bad_sample_are_errors(tmp_path):
     text = tmp_path / "s.h5"
     text.write_text("task_id,code\n")
-    with pytest.raises(UserError, match="cannot read as HDF5"):
+    with pytest.raises(DataFileError, match="cannot read as HDF5"):
         read_samples(text)
-    with pytest.raises(UserError, match="exactly one of datasets code and files"):
+    with pytest.raises(DataFileError, match="exactly one of datasets code and files"):
         write_samples(tmp_path / "w.h5", [Sample("level1/relu", "0")])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpc.errors import UserError
+from hpc.errors import TaskError
 from hpc.task import BadTask, discover_suite, discover_tasks, load_task, load_task_module
 from tests.conftest import RELU_TASK, ROOT
 
@@ -36,7 +36,7 @@ def test_plain_kernelbench_file_runs_at_its_own_sizes(tmp_path):
 def test_malformed_tasks_are_user_errors(tmp_path, text, words):
     path = tmp_path / "t.py"
     path.write_text(text)
-    with pytest.raises(UserError, match=words):
+    with pytest.raises(TaskError, match=words):
         load_task(path)
 
 
@@ -51,7 +51,7 @@ def test_a_suite_keeps_its_malformed_tasks_in_place_and_refuses_a_second_task_id
         ("Task", "level1/a"), ("BadTask", "level1/b"), ("BadTask", "level1/a")]
     assert "b.py: syntax error at line 3" in suite[1].reason and suite[1].level == 1
     assert suite[2].reason.endswith(f"task id level1/a is also {tmp_path / 'level1' / 'a.py'}")
-    with pytest.raises(UserError, match="b.py: syntax error"):   # callers that need every task whole
+    with pytest.raises(TaskError, match="b.py: syntax error"):   # callers that need every task whole
         discover_tasks(tmp_path)
     assert isinstance(discover_suite(tmp_path / "level1" / "b.py")[0], BadTask)
 

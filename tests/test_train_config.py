@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 from hpc.rl.train_config import load_train_config, train_config
 from tests.conftest import ROOT
 from tests.train_support import DEFAULT, LIBRARY_WARNINGS, run_command, small_config
@@ -32,7 +32,7 @@ pytestmark = LIBRARY_WARNINGS
 def test_bad_configs_name_the_key(change, message):
     data = yaml.safe_load(DEFAULT.read_text())
     data.update(change)
-    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         train_config(data)
 
 

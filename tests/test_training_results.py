@@ -14,7 +14,7 @@ import sys
 import h5py
 import pytest
 
-from hpc.errors import UserError
+from hpc.errors import ResultsFileError
 from hpc.results.hdf5 import ResultWriter, file_attrs, read_records
 from hpc.results.record import EvalRecord
 from hpc.results.training import STEP_FIELDS, TRAIN_SCHEMA_VERSION, TrainingWriter, read_steps, read_trajectories
@@ -102,7 +102,7 @@ def test_records_and_training_share_a_file_with_one_writer_at_a_time(tmp_path):
     path = tmp_path / "results.h5"
     with TrainingWriter(path) as w:
         w.append_step(step_row(1, "sft", 1))
-        with pytest.raises(UserError, match="another process is writing it"):
+        with pytest.raises(ResultsFileError, match="another process is writing it"):
             ResultWriter(path)
     with ResultWriter(path) as w:          # adds /records to a file holding training metrics
         w.append(EvalRecord(task_id="level1/a", reward=1.0))
@@ -158,26 +158,26 @@ def test_a_killed_trainer_loses_at_most_the_row_being_written_and_the_next_write
 def test_files_without_or_with_malformed_training_data_are_user_errors(tmp_path):
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"not hdf5 at all")
-    with pytest.raises(UserError, match="cannot read as HDF5"):
+    with pytest.raises(ResultsFileError, match="cannot read as HDF5"):
         read_steps(junk)
     records_only = tmp_path / "records.h5"
     with ResultWriter(records_only) as w:
         w.append(EvalRecord(task_id="level1/a"))
-    with pytest.raises(UserError, match="no training data"):
+    with pytest.raises(ResultsFileError, match="no training data"):
         read_trajectories(records_only)
     broken = tmp_path / "broken.h5"
     with TrainingWriter(broken) as w:
         w.append_step(step_row(1, "sft", 1))
     with h5py.File(broken, "a") as f:
         del f["train/steps/stage"]
-    with pytest.raises(UserError, match="malformed training data, /train/steps lacks columns stage"):
+    with pytest.raises(ResultsFileError, match="malformed training data, /train/steps lacks columns stage"):
         read_steps(broken)
-    with pytest.raises(UserError, match="malformed training data"):
+    with pytest.raises(ResultsFileError, match="malformed training data"):
         TrainingWriter(broken)
     other = tmp_path / "other.h5"
     with h5py.File(other, "w") as f:
         f.create_dataset("x", data=[1, 2, 3])
-    with pytest.raises(UserError, match="not an hpc results file"):
+    with pytest.raises(ResultsFileError, match="not an hpc results file"):
         TrainingWriter(other)
 
 
@@ -205,7 +205,7 @@ def test_a_file_of_schema_version_1_reads_and_continues_with_the_columns_added_s
         assert f["train/steps/optimizer_steps"].shape == f["train/steps/update_tokens"].shape == (2,)
     with h5py.File(path, "a") as f:     # a current file without a required column is malformed
         del f["train/steps/stage_step"]
-    with pytest.raises(UserError, match="/train/steps lacks columns stage_step"):
+    with pytest.raises(ResultsFileError, match="/train/steps lacks columns stage_step"):
         read_steps(path)
 
 
@@ -322,7 +322,7 @@ def test_a_new_metric_is_a_column_added_to_older_files_without_a_schema_version(
         assert f["train/steps/new_metric"].shape == f["train/steps/step"].shape == (2,)
     monkeypatch.delitem(STEP_FIELDS, "new_metric")
     assert [r["sft_loss"] for r in read_steps(path)] == [2.0, 1.0]
-    with pytest.raises(UserError, match="has a column 'new_metric' that this version does not write"):
+    with pytest.raises(ResultsFileError, match="has a column 'new_metric' that this version does not write"):
         TrainingWriter(path)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc.entry import exit_now, summary
-from hpc.errors import UserError
+from hpc.errors import UsageError, UserError
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
 if TYPE_CHECKING:
@@ -75,14 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     """Exactly one policy: REPLIES, or --openai-base-url with --model."""
     if (args.replies is None) == (args.openai_base_url is None):
-        raise UserError("give exactly one of REPLIES (a replayed policy) and --openai-base-url URL (a model)")
+        raise UsageError("give exactly one of REPLIES (a replayed policy) and --openai-base-url URL (a model)")
     if args.openai_base_url is None:
         given = [f"--{k.replace('_', '-')}" for k in ("model", "temperature", "top_p", "max_tokens")
                  if getattr(args, k) is not None]
         if given:
-            raise UserError(f"{', '.join(given)}: only with --openai-base-url")
+            raise UsageError(f"{', '.join(given)}: only with --openai-base-url")
     elif not args.model:
-        raise UserError("--openai-base-url: --model NAME is required")
+        raise UsageError("--openai-base-url: --model NAME is required")
 
 
 def make_policy(args: argparse.Namespace):
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, backend: EvalBackend) -> int:
     policy = make_policy(args)
     replay = isinstance(policy, ReplayPolicy)
     if args.root and Path(args.root).exists() and any(Path(args.root).iterdir()):
-        raise UserError(f"--root {args.root}: not empty")
+        raise UsageError(f"--root {args.root}: not empty")
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="hpc-agent-"))
     episode = Episode(task, backend, cfg, root)
     try:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpc.config import build_config, read_yaml_mapping
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 
 MODES = ("multi_turn", "single_turn")
 STATES = ("final", "best")
@@ -63,7 +63,7 @@ class AgentConfig:
                                     ("state", self.state, STATES),
                                     ("observation_role", self.observation_role, OBSERVATION_ROLES)):
             if value not in choices:
-                raise UserError(f"config agent.{key}: expected one of {', '.join(choices)}, got {value!r}")
+                raise ConfigError(f"config agent.{key}: expected one of {', '.join(choices)}, got {value!r}")
         positive = {"max_turns": self.max_turns, "max_context_tokens": self.max_context_tokens,
                     "max_response_tokens": self.max_response_tokens, "max_calls_per_turn": self.max_calls_per_turn,
                     "observation_chars": self.observation_chars, "max_file_bytes": self.max_file_bytes,
@@ -72,14 +72,14 @@ class AgentConfig:
                     "bash.max_file_mb": self.bash.max_file_mb}
         for key, value in positive.items():
             if value <= 0:
-                raise UserError(f"config agent.{key}: must be > 0, got {value}")
+                raise ConfigError(f"config agent.{key}: must be > 0, got {value}")
         if self.loop_repeats < 0 or self.loop_repeats == 1:
-            raise UserError(f"config agent.loop_repeats: must be 0 (off) or >= 2, got {self.loop_repeats}")
+            raise ConfigError(f"config agent.loop_repeats: must be 0 (off) or >= 2, got {self.loop_repeats}")
         if self.observation_chars < 200:
-            raise UserError(f"config agent.observation_chars: must be >= 200, got {self.observation_chars}")
+            raise ConfigError(f"config agent.observation_chars: must be >= 200, got {self.observation_chars}")
         if self.max_response_tokens >= self.max_context_tokens:
-            raise UserError(f"config agent.max_response_tokens: must be below max_context_tokens "
-                            f"({self.max_context_tokens}), got {self.max_response_tokens}")
+            raise ConfigError(f"config agent.max_response_tokens: must be below max_context_tokens "
+                              f"({self.max_context_tokens}), got {self.max_response_tokens}")
 
 
 # Starting points for `preset:`. Turn limits are CUDA Agent's (150 in training, 200 in evaluation);
@@ -99,7 +99,7 @@ def agent_config(data: dict[str, Any] | None = None, **overrides: Any) -> AgentC
     data.update({k: v for k, v in overrides.items() if v is not None})
     preset = data.get("preset", "tiny")
     if preset not in PRESETS:
-        raise UserError(f"config agent.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
+        raise ConfigError(f"config agent.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
     merged = {**PRESETS[preset], **data, "preset": preset}
     if isinstance(data.get("bash"), dict):
         merged["bash"] = {**PRESETS[preset].get("bash", {}), **data["bash"]}

@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from hpc.errors import UserError
+from hpc.errors import ConfigError, UserError
 
 RETRY_STATUS = frozenset({408, 409, 429})
 
@@ -61,20 +61,20 @@ class OpenAIChatPolicy:
                  seed: int | None = None, stop: list[str] | None = None, max_tokens_field: str = "max_tokens",
                  extra: dict[str, Any] | None = None):
         if not base_url.startswith(("http://", "https://")):
-            raise UserError(f"OpenAI endpoint: the base URL must start with http:// or https://, got {base_url!r}")
+            raise ConfigError(f"OpenAI endpoint: the base URL must start with http:// or https://, got {base_url!r}")
         if not model:
-            raise UserError("OpenAI endpoint: a model name is required")
+            raise ConfigError("OpenAI endpoint: a model name is required")
         if temperature is not None and not 0 <= temperature <= 2:
-            raise UserError(f"OpenAI endpoint: temperature must be in [0, 2], got {temperature}")
+            raise ConfigError(f"OpenAI endpoint: temperature must be in [0, 2], got {temperature}")
         if top_p is not None and not 0 < top_p <= 1:
-            raise UserError(f"OpenAI endpoint: top_p must be in (0, 1], got {top_p}")
+            raise ConfigError(f"OpenAI endpoint: top_p must be in (0, 1], got {top_p}")
         if max_tokens is not None and max_tokens < 1:
-            raise UserError(f"OpenAI endpoint: max_tokens must be >= 1, got {max_tokens}")
+            raise ConfigError(f"OpenAI endpoint: max_tokens must be >= 1, got {max_tokens}")
         if retries < 0 or timeout_s <= 0 or backoff_s < 0:
-            raise UserError("OpenAI endpoint: retries and backoff must be >= 0, the timeout > 0")
+            raise ConfigError("OpenAI endpoint: retries and backoff must be >= 0, the timeout > 0")
         if max_tokens_field not in ("max_tokens", "max_completion_tokens"):
-            raise UserError(f"OpenAI endpoint: max_tokens_field must be max_tokens or max_completion_tokens, "
-                            f"got {max_tokens_field!r}")
+            raise ConfigError(f"OpenAI endpoint: max_tokens_field must be max_tokens or max_completion_tokens, "
+                              f"got {max_tokens_field!r}")
         self.base_url = base_url.rstrip("/")
         self.url = self.base_url + "/chat/completions"
         self.model = model

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpc.errors import UserError, read_reason
+from hpc.errors import DataFileError, read_reason
 
 
 class ReplayPolicy:
@@ -36,11 +36,11 @@ class ReplayPolicy:
         try:
             data = json.loads(Path(path).read_text())
         except OSError as e:
-            raise UserError(f"replies {path}: {read_reason(e)}") from None
+            raise DataFileError(f"replies {path}: {read_reason(e)}") from None
         except json.JSONDecodeError as e:
-            raise UserError(f"replies {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+            raise DataFileError(f"replies {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if isinstance(data, dict) and isinstance(data.get("messages"), list):
             data = [m.get("content") for m in data["messages"] if isinstance(m, dict) and m.get("role") == "assistant"]
         if not isinstance(data, list) or not all(isinstance(r, str) for r in data):
-            raise UserError(f"replies {path}: expected a JSON list of strings or a trajectory with messages")
+            raise DataFileError(f"replies {path}: expected a JSON list of strings or a trajectory with messages")
         return cls(data)

@@ -13,7 +13,7 @@ from pathlib import Path
 from hpc.analysis.metrics import DEFAULT_MARGIN, Run, make_run, summarize_run, summarize_training
 from hpc.analysis.plots import plot_failures, plot_fast_p, plot_speedups, plot_training
 from hpc.analysis.report import write_report
-from hpc.errors import UserError
+from hpc.errors import ResultsFileError, UsageError
 from hpc.results.hdf5 import GROUP, file_attrs, file_groups, read_records
 from hpc.results.merge import merge_files, merge_records
 from hpc.results.record import EvalRecord
@@ -31,14 +31,14 @@ def results_files(run: Path) -> list[Path]:
     if run.is_file():
         return [run]
     if not run.is_dir():
-        raise UserError(f"run {run}: no such file or folder")
+        raise ResultsFileError(f"run {run}: no such file or folder")
     merged = run / "results.h5"
     shards = sorted(run.glob("shard-*.h5"))
     trained = [run / TRAIN_FILE] if (run / TRAIN_FILE).is_file() else []
     if not shards and not merged.is_file():
         if trained:
             return trained
-        raise UserError(f"run {run}: empty (no results.h5, shard-*.h5 or {TRAIN_FILE})")
+        raise ResultsFileError(f"run {run}: empty (no results.h5, shard-*.h5 or {TRAIN_FILE})")
     if shards and (not merged.is_file() or merged.stat().st_mtime <= max(s.stat().st_mtime for s in shards)):
         records = merge_files(shards, merged)
         log.info("analyze: merged %d shards of %s into %s (%d records)", len(shards), run, merged, len(records))
@@ -68,7 +68,7 @@ def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Load
             # give-up and its later evaluation, resumed into one file, are one sample)
             records, records_path = merge_records(read_records(path)), path
     if not records and not steps:
-        raise UserError(f"results {path}: no records (an empty run)")
+        raise ResultsFileError(f"results {path}: no records (an empty run)")
     main = records_path if records else train_path
     attrs = file_attrs(main)
     if not label:
@@ -79,7 +79,7 @@ def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Load
     try:
         margin = float(json.loads(attrs.get("config") or "{}").get("reward", {}).get("margin", DEFAULT_MARGIN))
     except (ValueError, TypeError, AttributeError):   # JSONDecodeError is a ValueError
-        raise UserError(f"results {main}: no readable reward margin in its config attribute") from None
+        raise ResultsFileError(f"results {main}: no readable reward margin in its config attribute") from None
     return Loaded(label, make_run(records, suite, label, margin, str(main), str(attrs.get("git_commit", ""))),
                   steps, str(train_path) if steps else "")
 
@@ -87,18 +87,18 @@ def load_run(run: Path, label: str | None, suite: dict[str, int] | None) -> Load
 def analyze(runs: list[str], out: str, tasks: str | None, names: list[str] | None) -> Path:
     """Read every run, then write the plots and the report into `out`; the report's path."""
     if names and len(names) != len(runs):
-        raise UserError(f"--name: {len(names)} names for {len(runs)} runs (give one per run, in order)")
+        raise UsageError(f"--name: {len(names)} names for {len(runs)} runs (give one per run, in order)")
     suite = {t.task_id: t.level for t in discover_tasks(tasks)} if tasks else None
     loaded = [load_run(Path(r), names[i] if names else None, suite) for i, r in enumerate(runs)]
     labels = [r.label for r in loaded]
     twice = sorted({label for label in labels if labels.count(label) > 1})
     if twice:
-        raise UserError(f"runs labelled alike ({', '.join(twice)}): tell them apart with --name")
+        raise UsageError(f"runs labelled alike ({', '.join(twice)}): tell them apart with --name")
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"--out {out_dir}: cannot create ({e.strerror})") from None
+        raise UsageError(f"--out {out_dir}: cannot create ({e.strerror})") from None
     evaluated = [r.run for r in loaded if r.run]
     summaries = [summarize_run(r) for r in evaluated]
     trained = [r for r in loaded if r.steps]

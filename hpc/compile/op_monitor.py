@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hpc.compile.native import Toolchain, compile_workdir
-from hpc.errors import UserError
+from hpc.errors import ToolchainError
 
 # The monitor's sources (kernels/op_monitor.cpp), a workdir of the worker-side package.
 MONITOR_WORKDIR = Path(__file__).parent.parent / "runner" / "monitor_lib"
@@ -35,6 +35,6 @@ def op_monitor_library(cache_dir: Path) -> Path:
     """The monitor's shared library for this torch, built into the evaluator's cache on first use."""
     result = compile_workdir(MONITOR_WORKDIR, _toolchain(), cache_dir, trusted=True)
     if not result.ok:
-        raise UserError(f"cannot build the op monitor against torch {torch.__version__}: "
-                        f"{result.log.strip()[-300:]}")
+        raise ToolchainError(f"cannot build the op monitor against torch {torch.__version__}: "
+                             f"{result.log.strip()[-300:]}")
     return result.library

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hpc.errors import UserError
+from hpc.errors import ConfigError, TokenizerError
 from hpc.policy.tokenizer import Tokenizer
 
 FORMATS = ("auto", "chatml", "llama3", "plain")
@@ -64,7 +64,7 @@ class ChatFormat:
 def chat_format(tokenizer: Tokenizer, name: str = "auto", include_system: bool = True) -> ChatFormat:
     """The format `name`, or for `auto` the one the tokenizer's special tokens belong to."""
     if name not in FORMATS:
-        raise UserError(f"chat format: expected one of {', '.join(FORMATS)}, got {name!r}")
+        raise ConfigError(f"chat format: expected one of {', '.join(FORMATS)}, got {name!r}")
     if name == "auto":
         if tokenizer.token_id("<|im_start|>") is not None and tokenizer.token_id("<|im_end|>") is not None:
             name = "chatml"
@@ -75,5 +75,5 @@ def chat_format(tokenizer: Tokenizer, name: str = "auto", include_system: bool =
     stop_token = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}.get(name)
     stop = tokenizer.eos_id if stop_token is None else tokenizer.token_id(stop_token)
     if stop is None:
-        raise UserError(f"chat format {name}: the tokenizer has no {stop_token} token")
+        raise TokenizerError(f"chat format {name}: the tokenizer has no {stop_token} token")
     return ChatFormat(name, tokenizer, stop, include_system)

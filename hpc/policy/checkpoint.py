@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hpc.errors import UserError, read_reason, storage_reason
+from hpc.errors import CheckpointError, read_reason, storage_reason
 from hpc.policy.config import PolicyModelConfig, config_dict, policy_config
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def latest_step(root: str | os.PathLike) -> int | None:
     except FileNotFoundError:
         return None
     except ValueError:
-        raise UserError(f"{Path(root) / 'latest'}: not a step number") from None
+        raise CheckpointError(f"{Path(root) / 'latest'}: not a step number") from None
 
 
 def _resolve_step(root: str | os.PathLike, step: int | None) -> int:
@@ -59,7 +59,7 @@ def _resolve_step(root: str | os.PathLike, step: int | None) -> int:
         return step
     latest = latest_step(root)
     if latest is None:
-        raise UserError(f"{root}: no checkpoint (no 'latest' file)")
+        raise CheckpointError(f"{root}: no checkpoint (no 'latest' file)")
     return latest
 
 
@@ -190,8 +190,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, model: torch.nn.Module,
             raise
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)   # what it wrote gives the room back
-        raise UserError(f"checkpoint {directory}: cannot write ({reason}); the checkpoints saved before it "
-                        f"are whole: make room and run again to resume from the last") from None
+        raise CheckpointError(f"checkpoint {directory}: cannot write ({reason}); the checkpoints saved before it "
+                              f"are whole: make room and run again to resume from the last") from None
     torch.distributed.barrier()
     if rank == 0:
         meta = {"step": step, "optimizer": optimizer is not None,
@@ -216,10 +216,10 @@ def load_checkpoint(root: str | os.PathLike, model: torch.nn.Module,
     step = _resolve_step(root, step)
     directory = checkpoint_dir(root, step)
     if not (directory / META).exists():
-        raise UserError(f"{directory}: not a complete checkpoint (no {META})")
+        raise CheckpointError(f"{directory}: not a complete checkpoint (no {META})")
     common = dist_checkpointing.load_common_state_dict(str(directory))
     if optimizer is not None and "optimizer" not in common:
-        raise UserError(f"{directory}: saved without optimizer state")
+        raise CheckpointError(f"{directory}: saved without optimizer state")
     model_sharded = model.sharded_state_dict()
     request: dict[str, Any] = {"model": model_sharded}
     if _is_megatron(optimizer):
@@ -230,7 +230,7 @@ def load_checkpoint(root: str | os.PathLike, model: torch.nn.Module,
     missing, unexpected = model.load_state_dict(loaded["model"], strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
-        raise UserError(f"{directory}: does not fit the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise CheckpointError(f"{directory}: does not fit the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
     if _is_megatron(optimizer):
         optimizer.load_state_dict(loaded["optimizer"])
     elif optimizer is not None:
@@ -251,7 +251,7 @@ def checkpoint_config(root: str | os.PathLike, step: int | None = None) -> Polic
     try:
         meta = json.loads(meta_file.read_text())
     except OSError as e:
-        raise UserError(f"{meta_file}: {read_reason(e)}") from None
+        raise CheckpointError(f"{meta_file}: {read_reason(e)}") from None
     if not meta.get("config"):
-        raise UserError(f"{meta_file}: saved without a model config")
+        raise CheckpointError(f"{meta_file}: saved without a model config")
     return policy_config(meta["config"])

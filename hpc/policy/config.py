@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpc.config import build_config, read_yaml_mapping
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 
 DTYPES = ("auto", "fp32", "bf16")
 ATTENTIONS = ("auto", "local", "sdpa")
@@ -92,44 +92,44 @@ class PolicyModelConfig:
         return cuda if self.fusions == "auto" else self.fusions == "on"
 
     def validate(self, world_size: int | None = None) -> None:
-        """Raise UserError naming the first inconsistent key; world_size also checks the
+        """Raise ConfigError naming the first inconsistent key; world_size also checks the
         parallel layout against the processes actually running."""
         for key, choices in (("dtype", DTYPES), ("attention", ATTENTIONS), ("fusions", FUSIONS)):
             if getattr(self, key) not in choices:
-                raise UserError(f"config policy.{key}: expected one of {', '.join(choices)}, "
-                                f"got {getattr(self, key)!r}")
+                raise ConfigError(f"config policy.{key}: expected one of {', '.join(choices)}, "
+                                  f"got {getattr(self, key)!r}")
         for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                     "ffn_hidden_size", "vocab_size", "vocab_multiple", "max_seq_len"):
             if getattr(self, key) < 1:
-                raise UserError(f"config policy.{key}: must be >= 1, got {getattr(self, key)}")
+                raise ConfigError(f"config policy.{key}: must be >= 1, got {getattr(self, key)}")
         for key in ("rope_base", "norm_eps"):
             if getattr(self, key) <= 0:
-                raise UserError(f"config policy.{key}: must be > 0, got {getattr(self, key)}")
+                raise ConfigError(f"config policy.{key}: must be > 0, got {getattr(self, key)}")
         if self.head_dim < 0 or self.rope_scaling_factor < 0:
-            raise UserError("config policy.head_dim and policy.rope_scaling_factor: must be >= 0")
+            raise ConfigError("config policy.head_dim and policy.rope_scaling_factor: must be >= 0")
         if not self.head_dim and self.hidden_size % self.num_attention_heads:
-            raise UserError(f"config policy.num_attention_heads: {self.num_attention_heads} does not divide "
-                            f"hidden_size {self.hidden_size} (set head_dim)")
+            raise ConfigError(f"config policy.num_attention_heads: {self.num_attention_heads} does not divide "
+                              f"hidden_size {self.hidden_size} (set head_dim)")
         if self.kv_channels % 2:
-            raise UserError(f"config policy.head_dim: rotary embeddings need an even head dim, got {self.kv_channels}")
+            raise ConfigError(f"config policy.head_dim: rotary embeddings need an even head dim, got {self.kv_channels}")
         if self.num_attention_heads % self.num_query_groups:
-            raise UserError(f"config policy.num_query_groups: {self.num_query_groups} does not divide "
-                            f"num_attention_heads {self.num_attention_heads}")
+            raise ConfigError(f"config policy.num_query_groups: {self.num_query_groups} does not divide "
+                              f"num_attention_heads {self.num_attention_heads}")
         tp, pp = self.parallel.tensor, self.parallel.pipeline
         if tp < 1 or pp < 1:
-            raise UserError(f"config policy.parallel: sizes must be >= 1, got tensor={tp} pipeline={pp}")
+            raise ConfigError(f"config policy.parallel: sizes must be >= 1, got tensor={tp} pipeline={pp}")
         if self.parallel.microbatches < 0:
-            raise UserError(f"config policy.parallel.microbatches: must be >= 0, got {self.parallel.microbatches}")
+            raise ConfigError(f"config policy.parallel.microbatches: must be >= 0, got {self.parallel.microbatches}")
         for key in ("num_attention_heads", "num_query_groups", "ffn_hidden_size", "padded_vocab_size"):
             if getattr(self, key) % tp:
                 name = "vocab_multiple" if key == "padded_vocab_size" else key
-                raise UserError(f"config policy.{name}: {key} {getattr(self, key)} is not divisible by "
-                                f"parallel.tensor {tp}")
+                raise ConfigError(f"config policy.{name}: {key} {getattr(self, key)} is not divisible by "
+                                  f"parallel.tensor {tp}")
         if self.num_layers % pp:
-            raise UserError(f"config policy.parallel.pipeline: {pp} does not divide num_layers {self.num_layers}")
+            raise ConfigError(f"config policy.parallel.pipeline: {pp} does not divide num_layers {self.num_layers}")
         if world_size is not None and world_size % (tp * pp):
-            raise UserError(f"config policy.parallel: tensor x pipeline = {tp * pp} does not divide "
-                            f"the world size {world_size}")
+            raise ConfigError(f"config policy.parallel: tensor x pipeline = {tp * pp} does not divide "
+                              f"the world size {world_size}")
 
 
 # Starting points for `preset:`. `0.5b` has Qwen2.5-0.5B's shape and `1b` Llama-3.2-1B's (1.24B
@@ -151,7 +151,7 @@ def policy_config(data: dict[str, Any] | None = None, **overrides: Any) -> Polic
     data.update(overrides)
     preset = data.pop("preset", "tiny")
     if preset not in PRESETS:
-        raise UserError(f"config policy.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
+        raise ConfigError(f"config policy.preset: expected one of {', '.join(PRESETS)}, got {preset!r}")
     merged = {**PRESETS[preset], **data}
     cfg = build_config(PolicyModelConfig, merged, "policy.", also_known=("preset",))
     cfg.validate()

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hpc.errors import UserError, read_reason
+from hpc.errors import CheckpointError, UsageError, UserError, read_reason
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 from hpc.policy.config import PolicyModelConfig, policy_config
 
@@ -50,16 +50,16 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     try:
         return json.loads(file.read_text())
     except OSError as e:
-        raise UserError(f"{file}: {read_reason(e)}") from None
+        raise CheckpointError(f"{file}: {read_reason(e)}") from None
     except json.JSONDecodeError as e:
-        raise UserError(f"{file}: not valid JSON ({e})") from None
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
 
 
 def hf_family(hf: Mapping[str, Any]) -> str:
     """'llama' or 'qwen2'; anything else is refused."""
     family = hf.get("model_type")
     if family not in FAMILIES:
-        raise UserError(f"config.json model_type: expected one of {', '.join(FAMILIES)}, got {family!r}")
+        raise CheckpointError(f"config.json model_type: expected one of {', '.join(FAMILIES)}, got {family!r}")
     return family
 
 
@@ -77,9 +77,9 @@ def _rope(hf: Mapping[str, Any]) -> tuple[float, float]:
         fixed = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
         for key, value in fixed.items():
             if float(scaling.get(key, value)) != value:
-                raise UserError(f"config.json rope {key}: only {value} is supported, got {scaling.get(key)}")
+                raise CheckpointError(f"config.json rope {key}: only {value} is supported, got {scaling.get(key)}")
         return theta, float(scaling.get("factor", 8.0))
-    raise UserError(f"config.json rope_type: only default and llama3 are supported, got {kind!r}")
+    raise CheckpointError(f"config.json rope_type: only default and llama3 are supported, got {kind!r}")
 
 
 def hf_policy_config(path: str | os.PathLike, tensor: int = 1, pipeline: int = 1,
@@ -88,11 +88,11 @@ def hf_policy_config(path: str | os.PathLike, tensor: int = 1, pipeline: int = 1
     hf = read_hf_config(path)
     family = hf_family(hf)
     if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(f"config.json hidden_act: only silu is supported, got {hf['hidden_act']!r}")
+        raise CheckpointError(f"config.json hidden_act: only silu is supported, got {hf['hidden_act']!r}")
     if family == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-        raise UserError("config.json attention_bias/mlp_bias: biased Llama layers are not supported")
+        raise CheckpointError("config.json attention_bias/mlp_bias: biased Llama layers are not supported")
     if family == "qwen2" and hf.get("use_sliding_window"):
-        raise UserError("config.json use_sliding_window: sliding-window attention is not supported")
+        raise CheckpointError("config.json use_sliding_window: sliding-window attention is not supported")
     theta, scaling = _rope(hf)
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or 0
@@ -107,7 +107,7 @@ def hf_policy_config(path: str | os.PathLike, tensor: int = 1, pipeline: int = 1
             qkv_bias=family == "qwen2", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
             dtype=dtype, parallel={"tensor": tensor, "pipeline": pipeline})
     except KeyError as e:
-        raise UserError(f"config.json: missing key {e.args[0]}") from None
+        raise CheckpointError(f"config.json: missing key {e.args[0]}") from None
 
 
 class HFWeights:
@@ -123,7 +123,7 @@ class HFWeights:
         elif (root / "model.safetensors").exists():
             weight_map = None
         else:
-            raise UserError(f"{root}: no model.safetensors or model.safetensors.index.json")
+            raise CheckpointError(f"{root}: no model.safetensors or model.safetensors.index.json")
         self._files = {}
         files = sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]
         for name in files:
@@ -138,7 +138,7 @@ class HFWeights:
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if key not in self._where:
-            raise UserError(f"HF checkpoint: missing tensor {key}")
+            raise CheckpointError(f"HF checkpoint: missing tensor {key}")
         return self._files[self._where[key]].get_tensor(key)
 
 
@@ -150,7 +150,7 @@ def _layers_of_stage(cfg: PolicyModelConfig, pp_rank: int, pp_size: int) -> rang
 def _pad_vocab(weight: torch.Tensor, cfg: PolicyModelConfig) -> torch.Tensor:
     extra = cfg.padded_vocab_size - weight.shape[0]
     if extra < 0:
-        raise UserError(f"HF checkpoint: embedding has {weight.shape[0]} rows, config vocab_size is {cfg.vocab_size}")
+        raise CheckpointError(f"HF checkpoint: embedding has {weight.shape[0]} rows, config vocab_size is {cfg.vocab_size}")
     return torch.cat([weight, weight.new_zeros(extra, weight.shape[1])]) if extra else weight
 
 
@@ -284,19 +284,19 @@ def load_hf(model: torch.nn.Module, path: str | os.PathLike, cfg: PolicyModelCon
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state") and not (critic and k.startswith("value_head."))]
     if missing or unexpected:
-        raise UserError(f"HF checkpoint {path}: does not fit the model (missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]})")
+        raise CheckpointError(f"HF checkpoint {path}: does not fit the model (missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]})")
 
 
 def hf_config_dict(cfg: PolicyModelConfig, family: str, dtype: torch.dtype) -> dict[str, Any]:
     """config.json for `cfg` as a HF `family` model; rope theta is written both where
     transformers 5.x reads it (rope_parameters) and where older versions do (rope_theta)."""
     if family not in FAMILIES:
-        raise UserError(f"export family: expected one of {', '.join(FAMILIES)}, got {family!r}")
+        raise UsageError(f"export family: expected one of {', '.join(FAMILIES)}, got {family!r}")
     if family == "llama" and cfg.qkv_bias:
-        raise UserError("export family llama: the model has qkv biases (a Qwen2 shape); export as qwen2")
+        raise UsageError("export family llama: the model has qkv biases (a Qwen2 shape); export as qwen2")
     if family == "qwen2" and not cfg.qkv_bias:
-        raise UserError("export family qwen2: Qwen2 has qkv biases and this model has none; export as llama")
+        raise UsageError("export family qwen2: Qwen2 has qkv biases and this model has none; export as llama")
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_base}
     if cfg.rope_scaling_factor:
         rope = {"rope_type": "llama3", "rope_theta": cfg.rope_base, "factor": cfg.rope_scaling_factor,

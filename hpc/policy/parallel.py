@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -94,11 +94,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_world(tensor: int, pipeline: int, world: int) -> None:
-    """UserError unless `world` processes hold whole tensor x pipeline grids."""
+    """ConfigError unless `world` processes hold whole tensor x pipeline grids."""
     if world % (tensor * pipeline):
-        raise UserError(f"config policy.parallel: tensor {tensor} x pipeline {pipeline} does not divide the {world} "
-                        f"trainer process(es) started (start a multiple of {tensor * pipeline}: torchrun "
-                        f"--nproc-per-node, srun -n, or --pool --trainers under mpirun)")
+        raise ConfigError(f"config policy.parallel: tensor {tensor} x pipeline {pipeline} does not divide the {world} "
+                          f"trainer process(es) started (start a multiple of {tensor * pipeline}: torchrun "
+                          f"--nproc-per-node, srun -n, or --pool --trainers under mpirun)")
 
 
 def init_parallel(tensor: int = 1, pipeline: int = 1, seed: int = 1234,

@@ -72,7 +72,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from hpc.errors import UserError
+from hpc.errors import TokenizerError, UsageError
 from hpc.policy.chat import FORMATS, ChatFormat
 from hpc.policy.openai_api import ChatRequest, RequestError, chunk, logprob_entry, parse_request, usage
 
@@ -105,26 +105,26 @@ class ServerConfig:
     def validate(self) -> None:
         """Raise UserError (one line) at the first bad setting."""
         if (self.checkpoint is None) == (self.hf is None):
-            raise UserError("serve: give exactly one of --checkpoint ROOT and --hf DIR")
+            raise UsageError("serve: give exactly one of --checkpoint ROOT and --hf DIR")
         source = self.checkpoint if self.checkpoint is not None else self.hf
         if not Path(source).is_dir():
-            raise UserError(f"serve: {source}: no such folder")
+            raise UsageError(f"serve: {source}: no such folder")
         if self.step is not None and (self.hf is not None or self.step < 0):
-            raise UserError("serve: --step needs --checkpoint and must be >= 0")
+            raise UsageError("serve: --step needs --checkpoint and must be >= 0")
         if self.chat_format is not None and self.chat_format not in FORMATS:
-            raise UserError(f"serve: --chat-format: expected one of {', '.join(FORMATS)}, got {self.chat_format!r}")
+            raise UsageError(f"serve: --chat-format: expected one of {', '.join(FORMATS)}, got {self.chat_format!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise UserError(f"serve: --dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise UsageError(f"serve: --dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.port <= 65535:
-            raise UserError(f"serve: --port: expected 0-65535, got {self.port}")
+            raise UsageError(f"serve: --port: expected 0-65535, got {self.port}")
         if self.max_n < 1:
-            raise UserError(f"serve: --max-n: must be >= 1, got {self.max_n}")
+            raise UsageError(f"serve: --max-n: must be >= 1, got {self.max_n}")
         if self.max_request_bytes < 1:
-            raise UserError(f"serve: --max-request-bytes: must be >= 1, got {self.max_request_bytes}")
+            raise UsageError(f"serve: --max-request-bytes: must be >= 1, got {self.max_request_bytes}")
         if self.model_name is not None and not self.model_name.strip():
-            raise UserError("serve: --model-name: empty")
+            raise UsageError("serve: --model-name: empty")
         if self.api_key_env is not None and not os.environ.get(self.api_key_env):
-            raise UserError(f"serve: --api-key-env {self.api_key_env}: that environment variable is not set")
+            raise UsageError(f"serve: --api-key-env {self.api_key_env}: that environment variable is not set")
 
     @property
     def name(self) -> str:
@@ -326,13 +326,13 @@ def with_run_settings(sc: ServerConfig) -> ServerConfig:
         ckpt = find_policy_checkpoint(checkpoint_dir(ckpt.root, sc.step))
     run = ckpt.config
     if sc.tokenizer is not None and not _same_tokenizer(sc.tokenizer, ckpt.tokenizer):
-        raise UserError(f"serve: --tokenizer {sc.tokenizer}: {ckpt.run} was trained with the tokenizer "
-                        f"{ckpt.tokenizer}; leave --tokenizer out to serve it with that one")
+        raise UsageError(f"serve: --tokenizer {sc.tokenizer}: {ckpt.run} was trained with the tokenizer "
+                         f"{ckpt.tokenizer}; leave --tokenizer out to serve it with that one")
     if sc.chat_format is not None:
         tokenizer = load_tokenizer(ckpt.tokenizer)
         if chat_format(tokenizer, sc.chat_format).name != chat_format(tokenizer, run.chat_format).name:
-            raise UserError(f"serve: --chat-format {sc.chat_format}: {ckpt.run} was trained with the chat format "
-                            f"{run.chat_format}; leave --chat-format out to serve it with that one")
+            raise UsageError(f"serve: --chat-format {sc.chat_format}: {ckpt.run} was trained with the chat format "
+                             f"{run.chat_format}; leave --chat-format out to serve it with that one")
     return dataclasses.replace(
         sc, checkpoint=str(ckpt.root), step=ckpt.step, tokenizer=ckpt.tokenizer, model_name=sc.name,
         chat_format=sc.chat_format or run.chat_format,
@@ -364,12 +364,12 @@ def load_served_policy(sc: ServerConfig, init: bool = True) -> ServedPolicy:
         if sc.dtype is not None:
             cfg.dtype = sc.dtype
         if sc.tokenizer is None and tokenizer.vocab_size != cfg.vocab_size:
-            raise UserError(f"serve: {sc.checkpoint} records no tokenizer (it was saved outside a training run) and "
-                            f"its vocabulary of {cfg.vocab_size} tokens is not the byte tokenizer's "
-                            f"{tokenizer.vocab_size}: name its tokenizer with --tokenizer")
+            raise TokenizerError(f"serve: {sc.checkpoint} records no tokenizer (it was saved outside a training run) and "
+                                 f"its vocabulary of {cfg.vocab_size} tokens is not the byte tokenizer's "
+                                 f"{tokenizer.vocab_size}: name its tokenizer with --tokenizer")
     if tokenizer.vocab_size > cfg.padded_vocab_size:
-        raise UserError(f"serve: the tokenizer's {tokenizer.vocab_size} tokens do not fit the model's "
-                        f"vocabulary of {cfg.vocab_size}")
+        raise TokenizerError(f"serve: the tokenizer's {tokenizer.vocab_size} tokens do not fit the model's "
+                             f"vocabulary of {cfg.vocab_size}")
     if init:   # a single process whatever launcher started it (srun's or torchrun's variables name other ranks)
         init_parallel(seed=sc.seed, environ={})
     model = build_policy(cfg)
@@ -567,7 +567,7 @@ def serve(sc: ServerConfig, ready=None) -> int:
     try:
         server = _Server((sc.host, sc.port), make_handler(policy, api_key, sc.max_n, sc.max_request_bytes))
     except OSError as e:
-        raise UserError(f"serve: cannot listen on {sc.host}:{sc.port} ({e.strerror})") from None
+        raise UsageError(f"serve: cannot listen on {sc.host}:{sc.port} ({e.strerror})") from None
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     host, port = server.server_address[:2]
     try:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from hpc.errors import UserError
+from hpc.errors import TokenizerError
 
 
 class Tokenizer(Protocol):
@@ -91,13 +91,13 @@ class HFTokenizer:
         root = path.parent if path.is_file() else path
         file = path if path.is_file() else path / "tokenizer.json"
         if not file.exists():
-            raise UserError(f"{file}: no tokenizer.json")
+            raise TokenizerError(f"{file}: no tokenizer.json")
         self._tok = Tokenizer.from_file(str(file))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
         ids = _special_ids(root, self._tok)
         if ids.get("eos") is None:
-            raise UserError(f"{root}: no eos token in generation_config.json, config.json or tokenizer_config.json")
+            raise TokenizerError(f"{root}: no eos token in generation_config.json, config.json or tokenizer_config.json")
         self.eos_id = ids["eos"]
         self.bos_id = ids.get("bos")
         self.pad_id = ids["pad"] if ids.get("pad") is not None else self.eos_id

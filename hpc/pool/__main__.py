@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from hpc.entry import exit_now, summary
-from hpc.errors import UserError, check_results_name
+from hpc.errors import UsageError, UserError, check_results_name
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
 log = logging.getLogger(__name__)
@@ -49,12 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_args(args: argparse.Namespace) -> None:
     """The bounds argparse does not check, as UserErrors (said once logging is set up: by rank 0)."""
     if args.concurrency is not None and args.concurrency < 1:
-        raise UserError(f"--concurrency: must be >= 1, got {args.concurrency}")
+        raise UsageError(f"--concurrency: must be >= 1, got {args.concurrency}")
     if args.prestart is not None and args.prestart < 0:
-        raise UserError(f"--prestart: must be >= 0, got {args.prestart}")
+        raise UsageError(f"--prestart: must be >= 0, got {args.prestart}")
     for flag, value in (("--dead-after", args.dead_after), ("--coordinator-silent", args.coordinator_silent)):
         if not value > 0:
-            raise UserError(f"{flag}: must be > 0 seconds, got {value:g}")
+            raise UsageError(f"{flag}: must be > 0 seconds, got {value:g}")
 
 
 def _config(args):
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)
         cfg = _config(args)
         if comm.Get_size() < 2:
-            raise UserError("the pool needs at least 2 ranks (1 coordinator + workers)")
+            raise UsageError("the pool needs at least 2 ranks (1 coordinator + workers)")
     except UserError as e:   # every rank reads the same arguments and config
         log.error("error: %s", e, extra=ON_EVERY_RANK)
         return 2

@@ -44,7 +44,7 @@ from typing import TypeVar
 import h5py
 import numpy as np
 
-from hpc.errors import UserError, os_reason, shown
+from hpc.errors import ResultsFileError, os_reason, shown
 from hpc.results.columns import KINDS, column_dtype, describe, kind_of_dtype
 from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
 from hpc.results.record import COLUMNS, FIELDS, RENAMED_STAGES, EvalRecord, record_key
@@ -139,13 +139,13 @@ class AppendingFile:
         """A change of the file; an OSError in it (a full disk, a read-only file system) is one
         UserError naming the file, after which this writer takes no more changes."""
         if self.failed:
-            raise UserError(f"results {self.path}: a write failed before; nothing more is written by this writer")
+            raise ResultsFileError(f"results {self.path}: a write failed before; nothing more is written by this writer")
         try:
             yield
         except (OSError, RuntimeError) as e:
             self.failed = True
-            raise UserError(f"results {self.path}: cannot write ({os_reason(e)}); the rows written before are kept "
-                            "and the next writer (or `hpc repair`) restores them") from None
+            raise ResultsFileError(f"results {self.path}: cannot write ({os_reason(e)}); the rows written before are kept "
+                                   "and the next writer (or `hpc repair`) restores them") from None
 
     def close(self) -> None:
         """Close the file, then mark the journal clean (`close`) unless a write failed: the next
@@ -240,8 +240,8 @@ def _create_layout(f: h5py.File) -> None:
 def _check_appendable(f: h5py.File, path: Path) -> None:
     _check_schema(f, path)
     if f.attrs.get("schema_version") != SCHEMA_VERSION:
-        raise UserError(f"results {path}: written with schema version "
-                        f"{f.attrs.get('schema_version')}; new results go to a new file")
+        raise ResultsFileError(f"results {path}: written with schema version "
+                               f"{f.attrs.get('schema_version')}; new results go to a new file")
 
 
 def _column_info(group: h5py.Group) -> dict[str, tuple[h5py.Dataset, str, np.dtype]]:
@@ -359,12 +359,12 @@ def _writer_lock(path: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise UserError(f"results {path}: cannot write ({os_reason(e)})") from None
+        raise ResultsFileError(f"results {path}: cannot write ({os_reason(e)})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise UserError(f"results {path}: another process is writing it (one writer per file)") from None
+        raise ResultsFileError(f"results {path}: another process is writing it (one writer per file)") from None
     return fd
 
 
@@ -399,7 +399,7 @@ def _reconcile(path: Path) -> tuple[Journal, str]:
         _rebuild(path, entries)
         return Journal(jpath, length), action
     except OSError as e:
-        raise UserError(f"results {path}: cannot write ({os_reason(e)})") from None
+        raise ResultsFileError(f"results {path}: cannot write ({os_reason(e)})") from None
 
 
 def _probe(path: Path) -> tuple[str | None, dict[str, int] | None] | None:
@@ -419,8 +419,8 @@ def _snapshot(path: Path) -> list[dict]:
     """Journal entries holding a file that has no journal (written before journals, or copied
     without it): its layout and the complete rows of each table. A file its writer did not close
     is read in SWMR mode, as a live reader would."""
-    def damaged(e: OSError) -> UserError:
-        return UserError(f"results {path}: damaged, and no journal to rebuild it from ({str(e).splitlines()[0]})")
+    def damaged(e: OSError) -> ResultsFileError:
+        return ResultsFileError(f"results {path}: damaged, and no journal to rebuild it from ({str(e).splitlines()[0]})")
 
     try:
         f = h5py.File(path, "r")
@@ -436,7 +436,7 @@ def _snapshot(path: Path) -> list[dict]:
     with f:
         tables = _tables(f)
         if tables is None:
-            raise UserError(f"results {path}: not an hpc results file (it holds data outside any table)")
+            raise ResultsFileError(f"results {path}: not an hpc results file (it holds data outside any table)")
         token = uuid.uuid4().hex
         layout = _layout(f)
         layout["attrs"]["/"][JOURNAL_ID] = token
@@ -473,7 +473,7 @@ def _rebuild(path: Path, entries: list[dict]) -> None:
             log.warning("results %s: no room for its rebuilt copy beside it; emptied it first", path)
             os.truncate(path, 0)
             return _rebuild(path, entries)
-        raise UserError(f"results {path}: cannot rebuild it from its journal ({os_reason(e)})") from None
+        raise ResultsFileError(f"results {path}: cannot rebuild it from its journal ({os_reason(e)})") from None
 
 
 def _table_counts(path: Path) -> str:
@@ -486,7 +486,7 @@ def _open_for_append(path: Path) -> h5py.File:
     try:
         return h5py.File(path, "a", libver=LIBVER)
     except OSError as e:
-        raise UserError(f"results {path}: cannot open for writing ({os_reason(e)})") from None
+        raise ResultsFileError(f"results {path}: cannot open for writing ({os_reason(e)})") from None
 
 
 def switch_in(src: Path, dst: Path) -> None:
@@ -503,7 +503,7 @@ def repair(path: str | os.PathLike) -> str:
     writer does when it opens the file, without opening it for appending. Returns one line."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"results {path}: {'not a file' if path.exists() else 'no such file'}")
+        raise ResultsFileError(f"results {path}: {'not a file' if path.exists() else 'no such file'}")
     lock = _writer_lock(path)
     try:
         journal, action = _reconcile(path)
@@ -511,7 +511,7 @@ def repair(path: str | os.PathLike) -> str:
             journal.append({"op": "close"})
         journal.close()
     except OSError as e:
-        raise UserError(f"results {path}: cannot write ({os_reason(e)})") from None
+        raise ResultsFileError(f"results {path}: cannot write ({os_reason(e)})") from None
     finally:
         os.close(lock)
     return f"{path}: {action} ({_table_counts(path)})"
@@ -536,11 +536,11 @@ def _tables(f: h5py.File) -> list[str] | None:
 def _check_schema(f: h5py.File, path: Path) -> None:
     version = f.attrs.get("schema_version")
     if GROUP not in f or not isinstance(version, (int, np.integer)) or not 1 <= version <= SCHEMA_VERSION:
-        raise UserError(f"results {path}: not an hpc results file of schema version 1..{SCHEMA_VERSION}")
+        raise ResultsFileError(f"results {path}: not an hpc results file of schema version 1..{SCHEMA_VERSION}")
     missing = [_stored_name(fd.name, version) for fd in FIELDS
                if _stored_name(fd.name, version) not in f[GROUP] and ADDED_IN.get(fd.name, 1) <= version]
     if missing:
-        raise UserError(f"results {path}: malformed, missing columns {', '.join(missing[:5])}")
+        raise ResultsFileError(f"results {path}: malformed, missing columns {', '.join(missing[:5])}")
 
 
 def read_records(path: str | os.PathLike) -> list[EvalRecord]:
@@ -569,7 +569,7 @@ def _as_records(path: Path, columns: dict[str, np.ndarray], n: int, version: int
                 _rename_stages(row)
             records.append(EvalRecord(**row))
         except ValueError as e:
-            raise UserError(f"results {path}: malformed, row {i}: {e}") from None
+            raise ResultsFileError(f"results {path}: malformed, row {i}: {e}") from None
     return records
 
 
@@ -622,7 +622,7 @@ def read_retrying(path: Path, read: Callable[[h5py.File], T]) -> T:
             return _read_once(path, read)
         except _StaleView:
             time.sleep(0.05)
-    raise UserError(f"results {path}: unreadable while being written (retried 20 times){_repair_hint(path)}")
+    raise ResultsFileError(f"results {path}: unreadable while being written (retried 20 times){_repair_hint(path)}")
 
 
 def file_groups(path: str | os.PathLike) -> set[str]:
@@ -644,7 +644,7 @@ def _check_not_truncated(path: Path) -> None:
         if "unable to lock file" in str(e):
             raise _StaleView(str(e)) from None   # a writer is creating it or switching it to SWMR: retry
         if "already open for write" not in str(e):
-            raise UserError(f"results {path}: cannot read as HDF5 ({e}){_repair_hint(path)}") from None
+            raise ResultsFileError(f"results {path}: cannot read as HDF5 ({e}){_repair_hint(path)}") from None
 
 
 def _repair_hint(path: Path) -> str:
@@ -659,7 +659,7 @@ def _read_once(path: Path, read: Callable[[h5py.File], T]) -> T:
     except OSError as e:
         if "unable to lock file" in str(e):
             raise _StaleView(str(e)) from None
-        raise UserError(f"results {path}: cannot read as HDF5 ({e})") from None
+        raise ResultsFileError(f"results {path}: cannot read as HDF5 ({e})") from None
     with f:
         try:
             return read(f)

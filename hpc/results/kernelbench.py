@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hpc.candidate import SINGLE_FILE
 from hpc.config import RewardConfig
-from hpc.errors import UserError, read_reason
+from hpc.errors import DataFileError, TaskError, read_reason
 from hpc.results.record import EvalRecord
 from hpc.reward import compute_reward
 from hpc.task import Task, discover_tasks
@@ -53,7 +53,7 @@ def import_kernelbench(eval_results: Path, level: int, tasks_dir: Path | None = 
     results = _load_json(eval_results, "eval results")
     where = f"eval results {eval_results}"
     if not isinstance(results, dict) or not results:
-        raise UserError(f"{where}: expected a non-empty object of problem id -> samples")
+        raise DataFileError(f"{where}: expected a non-empty object of problem id -> samples")
     eager = _baselines(baseline_eager, level)
     compiled = _baselines(baseline_compile, level)
     tasks = _tasks_by_number(tasks_dir, level) if tasks_dir else {}
@@ -66,12 +66,12 @@ def import_kernelbench(eval_results: Path, level: int, tasks_dir: Path | None = 
         problem = int(key)
         task = tasks.get(problem)
         if tasks_dir and task is None:
-            raise UserError(f"{where}: problem {problem} has no problem file numbered {problem} "
-                            f"in a level{level} folder under {tasks_dir}")
+            raise DataFileError(f"{where}: problem {problem} has no problem file numbered {problem} "
+                                f"in a level{level} folder under {tasks_dir}")
         file_name = task.path.name if task else named.get(problem)
         if file_name is None:
-            raise UserError(f"{where}: cannot name problem {problem}: pass --tasks (KernelBench's problem files) "
-                            f"or a baseline file that lists it")
+            raise DataFileError(f"{where}: cannot name problem {problem}: pass --tasks (KernelBench's problem files) "
+                                f"or a baseline file that lists it")
         base = dict(task_id=task.task_id if task else f"level{level}/{Path(file_name).stem}",
                     task_level=task.level if task else level, task_sha256=task.sha256 if task else "",
                     scale="gpu", backend="cuda", candidate_kind=SINGLE_FILE, config=config,
@@ -88,12 +88,12 @@ def _fill(rec: EvalRecord, sample: dict, eager: tuple[float, float] | None, comp
     """Outcome, timing and reward of one KernelBench sample."""
     for key in ("compiled", "correctness"):
         if not isinstance(sample.get(key), bool):
-            raise UserError(f"{where}/{key}: expected true or false")
+            raise DataFileError(f"{where}/{key}: expected true or false")
     meta = _object(sample, "metadata", where)
     stats = _object(sample, "runtime_stats", where)
     runtime = sample.get("runtime", -1.0)
     if not _is_number(runtime):
-        raise UserError(f"{where}/runtime: expected a number")
+        raise DataFileError(f"{where}/runtime: expected a number")
     rec.hardware = str(meta.get("hardware") or stats.get("hardware") or "")
     rec.compiled = sample["compiled"]
     rec.correct = sample["compiled"] and sample["correctness"]
@@ -136,23 +136,23 @@ def _samples(entry, where: str) -> list[tuple[int, dict]]:
         pairs = []
         for i, sample in enumerate(entry):
             if not isinstance(sample, dict):
-                raise UserError(f"{where}[{i}]: expected a sample object")
+                raise DataFileError(f"{where}[{i}]: expected a sample object")
             sample_id = sample.get("sample_id")
             if not isinstance(sample_id, int) or isinstance(sample_id, bool):
-                raise UserError(f"{where}[{i}]/sample_id: expected an integer")
+                raise DataFileError(f"{where}[{i}]/sample_id: expected an integer")
             pairs.append((sample_id, sample))
     elif isinstance(entry, dict):                             # {sample id: sample}
         pairs = []
         for key, sample in entry.items():
             if not isinstance(sample, dict):
-                raise UserError(f"{where}/{key}: expected a sample object")
+                raise DataFileError(f"{where}/{key}: expected a sample object")
             pairs.append((_problem_id(key, where), sample))
     else:
-        raise UserError(f"{where}: expected a list of samples")
+        raise DataFileError(f"{where}: expected a list of samples")
     ids = [sample_id for sample_id, _ in pairs]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
-        raise UserError(f"{where}: sample {repeated[0]} appears more than once")
+        raise DataFileError(f"{where}: sample {repeated[0]} appears more than once")
     return sorted(pairs, key=lambda pair: pair[0])
 
 
@@ -163,21 +163,21 @@ def _baselines(path: Path | None, level: int) -> dict[str, tuple[float, float]]:
     data = _load_json(path, "baseline")
     where = f"baseline {path}"
     if not isinstance(data, dict):
-        raise UserError(f"{where}: expected an object of level name -> problems")
+        raise DataFileError(f"{where}: expected an object of level name -> problems")
     if f"level{level}" not in data:
-        raise UserError(f"{where}: no key 'level{level}' (has {', '.join(map(repr, data)) or 'none'})")
+        raise DataFileError(f"{where}: no key 'level{level}' (has {', '.join(map(repr, data)) or 'none'})")
     problems = data[f"level{level}"]
     if not isinstance(problems, dict):
-        raise UserError(f"{where}: level{level}: expected an object of problem file name -> timing")
+        raise DataFileError(f"{where}: level{level}: expected an object of problem file name -> timing")
     out = {}
     for name, stats in problems.items():
         if stats is None:
             continue
         if not isinstance(stats, dict):
-            raise UserError(f"{where}: level{level}/{name}: expected an object with mean and std, or null")
+            raise DataFileError(f"{where}: level{level}/{name}: expected an object with mean and std, or null")
         mean, std = stats.get("mean"), stats.get("std")
         if not _is_number(mean) or mean <= 0:
-            raise UserError(f"{where}: level{level}/{name}/mean: expected a positive number")
+            raise DataFileError(f"{where}: level{level}/{name}/mean: expected a positive number")
         out[name] = (float(mean), std / mean if _is_number(std) else math.nan)
     return out
 
@@ -185,14 +185,14 @@ def _baselines(path: Path | None, level: int) -> dict[str, tuple[float, float]]:
 def _tasks_by_number(tasks_dir: Path, level: int) -> dict[int, Task]:
     tasks = [t for t in discover_tasks(tasks_dir) if t.level == level]
     if not tasks:
-        raise UserError(f"tasks {tasks_dir}: no problem files in a level{level} folder")
+        raise TaskError(f"tasks {tasks_dir}: no problem files in a level{level} folder")
     by_number: dict[int, Task] = {}
     for task in tasks:
         number = _number(task.path.name)
         if number is None:
             continue
         if number in by_number:
-            raise UserError(f"tasks {tasks_dir}: problem {number} is both {by_number[number].task_id} and {task.task_id}")
+            raise TaskError(f"tasks {tasks_dir}: problem {number} is both {by_number[number].task_id} and {task.task_id}")
         by_number[number] = task
     return by_number
 
@@ -205,7 +205,7 @@ def _number(file_name: str) -> int | None:
 
 def _problem_id(key: str, where: str) -> int:
     if not re.fullmatch(r"\d+", key):
-        raise UserError(f"{where}: key {key!r}: expected an integer id")
+        raise DataFileError(f"{where}: key {key!r}: expected an integer id")
     return int(key)
 
 
@@ -214,7 +214,7 @@ def _object(sample: dict, key: str, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise UserError(f"{where}/{key}: expected an object")
+        raise DataFileError(f"{where}/{key}: expected an object")
     return value
 
 
@@ -233,6 +233,6 @@ def _load_json(path: Path, what: str):
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
-        raise UserError(f"{what} {path}: {read_reason(e)}") from None
+        raise DataFileError(f"{what} {path}: {read_reason(e)}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{what} {path}: not valid JSON ({e})") from None
+        raise DataFileError(f"{what} {path}: not valid JSON ({e})") from None

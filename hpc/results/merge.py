@@ -15,7 +15,7 @@ import os
 from itertools import groupby
 from pathlib import Path
 
-from hpc.errors import UserError
+from hpc.errors import ResultsFileError
 from hpc.results.hdf5 import JOURNAL_ID, ResultWriter, file_attrs, file_groups, read_records, switch_in
 from hpc.results.record import EvalRecord, record_key
 from hpc.results.training import TRAIN_GROUP, EvaluationWriter, read_trajectories
@@ -55,7 +55,7 @@ def merge_files(shards: list[str | os.PathLike], out: str | os.PathLike) -> list
     hold any, to a new file `out` (replaced atomically)."""
     shards = [Path(s) for s in shards]
     if not shards:
-        raise UserError("merge: no shard files")
+        raise ResultsFileError("merge: no shard files")
     records = merge_records([r for s in shards for r in read_records(s)])
     trajectories = _kept_trajectories(shards, records)
     out = Path(out)

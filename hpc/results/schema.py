@@ -10,7 +10,8 @@ import logging
 import re
 from pathlib import Path
 
-from hpc.logs import setup_logging
+from hpc.errors import read_reason
+from hpc.logs import add_logging_args, setup_logging
 from hpc.results.columns import Column
 from hpc.results.record import COLUMNS
 from hpc.results.training import STEP_COLUMNS, TRAJECTORY_COLUMNS
@@ -50,11 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc.results.schema",
                                      description="Rewrite the column tables of results/SCHEMA.md from the code.")
     parser.add_argument("document", nargs="?", type=Path, default=DOCUMENT, help="the schema document to rewrite")
+    add_logging_args(parser)
     args = parser.parse_args(argv)
-    setup_logging()
-    text = args.document.read_text()
+    setup_logging(args.verbose, args.quiet)
     try:
+        text = args.document.read_text()
         new = with_tables(text)
+    except OSError as e:
+        log.error("error: %s: %s", args.document, read_reason(e))
+        return 2
     except ValueError as e:
         log.error("error: %s: %s", args.document, e)
         return 2

@@ -29,7 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc.errors import UserError
+from hpc.errors import ResultsFileError
 from hpc.results.columns import Column, column_dtype, describe
 from hpc.results.hdf5 import AppendingFile, ResultWriter, complete_rows, read_retrying, to_python
 
@@ -217,12 +217,12 @@ def _add_missing_metrics(group: h5py.Group, path: Path) -> None:
     """Every metric column the steps table lacks, NaN in every row already there (a run resumed
     into a file written before the metric existed), and the current version on an older group.
     Done before the writer's SWMR mode, after which no column can be created. A column this code
-    does not know (a newer one's metric) is a UserError: rows written here would leave it short."""
+    does not know (a newer one's metric) is a ResultsFileError: rows written here would leave it short."""
     steps = group[STEPS]
     unknown = unknown_step_metrics(steps)
     if unknown:
-        raise UserError(f"results {path}: /{TRAIN_GROUP}/{STEPS} has a column {unknown[0]!r} that this version "
-                        "does not write (a newer one made it): continue the file with that version")
+        raise ResultsFileError(f"results {path}: /{TRAIN_GROUP}/{STEPS} has a column {unknown[0]!r} that this version "
+                               "does not write (a newer one made it): continue the file with that version")
     for column, tp in STEP_FIELDS.items():
         if tp is float and column not in steps:
             length = steps["step"].shape[0]
@@ -252,22 +252,22 @@ def _typed(name: str, tp: type, value, where: str):
 
 
 def _train_group(f: h5py.File, path: Path) -> h5py.Group:
-    """The /train group, checked: UserError for a file without training data or with malformed."""
+    """The /train group, checked: ResultsFileError for a file without training data or with malformed."""
     if TRAIN_GROUP not in f:
-        raise UserError(f"results {path}: no training data (no /{TRAIN_GROUP} group)")
+        raise ResultsFileError(f"results {path}: no training data (no /{TRAIN_GROUP} group)")
     group = f[TRAIN_GROUP]
     version = group.attrs.get("schema_version")
     if not isinstance(version, (int, np.integer)) or not 1 <= version <= TRAIN_SCHEMA_VERSION:
-        raise UserError(f"results {path}: /{TRAIN_GROUP} is not training data of schema version "
-                        f"1..{TRAIN_SCHEMA_VERSION}")
+        raise ResultsFileError(f"results {path}: /{TRAIN_GROUP} is not training data of schema version "
+                               f"1..{TRAIN_SCHEMA_VERSION}")
     for name, fields in ((STEPS, STEP_FIELDS), (TRAJECTORIES, TRAJECTORY_FIELDS)):
         table = group.get(name)
         expected = [column for column, tp in fields.items() if name != STEPS or tp is not float]   # metrics: NaN
         missing = expected if not isinstance(table, h5py.Group) or "count" not in table.attrs else \
             [column for column in expected if column not in table]
         if missing:
-            raise UserError(f"results {path}: malformed training data, /{TRAIN_GROUP}/{name} lacks columns "
-                            f"{', '.join(missing[:5])}")
+            raise ResultsFileError(f"results {path}: malformed training data, /{TRAIN_GROUP}/{name} lacks columns "
+                                   f"{', '.join(missing[:5])}")
     return group
 
 
@@ -300,7 +300,7 @@ def read_trajectories(path: str | os.PathLike, step: int | None = None) -> list[
             if not isinstance(data, dict):
                 raise ValueError
         except ValueError:
-            raise UserError(f"results {path}: malformed training data, a trajectory of step {row['step']} "
-                            "is not JSON") from None
+            raise ResultsFileError(f"results {path}: malformed training data, a trajectory of step {row['step']} "
+                                   "is not JSON") from None
         out.append({**data, **row})
     return out

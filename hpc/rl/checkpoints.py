@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from hpc.errors import UserError, os_reason
+from hpc.errors import CheckpointError, os_reason
 from hpc.policy.parallel import barrier
 from hpc.rl.train_config import BPE_KINDS, TrainConfig, saved_train_config, train_config_dict
 
@@ -87,26 +87,26 @@ class PolicyCheckpoint:
 def find_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
     """The policy checkpoint at `path`: a training run folder, its checkpoints/ or
     checkpoints/policy/ folder (each meaning the latest step), or one step's folder
-    (checkpoints/policy/iter_N). UserError (one line) for anything else."""
+    (checkpoints/policy/iter_N). CheckpointError (one line) for anything else."""
     from hpc.policy.checkpoint import META, checkpoint_dir, latest_step
 
     given = Path(path).resolve()
     if not given.is_dir():
-        raise UserError(f"policy {path}: no such folder")
+        raise CheckpointError(f"policy {path}: no such folder")
     if (given / META).is_file() and given.name.startswith("iter_") and given.name[5:].isdigit():
         root, step = given.parent, int(given.name[5:])
     else:
         root = next((r for r in (given / CHECKPOINTS / "policy", given / "policy", given)
                      if (r / "latest").is_file()), None)
         if root is None:
-            raise UserError(f"policy {path}: no policy checkpoint there (give a training run folder of "
-                            "jobs/train.py or one of its checkpoints)")
+            raise CheckpointError(f"policy {path}: no policy checkpoint there (give a training run folder of "
+                                  "jobs/train.py or one of its checkpoints)")
         step = latest_step(root)
     if root.name != "policy" or root.parent.name != CHECKPOINTS:
-        raise UserError(f"policy {path}: not a checkpoint of a training run (RUN/{CHECKPOINTS}/policy/iter_N)")
+        raise CheckpointError(f"policy {path}: not a checkpoint of a training run (RUN/{CHECKPOINTS}/policy/iter_N)")
     ckpt_state = root.parent / f"{STATE_FILE}.{step}"
     if not ckpt_state.is_file() or not (checkpoint_dir(root, step) / META).is_file():
-        raise UserError(f"policy {path}: step {step} is not a complete checkpoint (no {ckpt_state.name} or {META})")
+        raise CheckpointError(f"policy {path}: step {step} is not a complete checkpoint (no {ckpt_state.name} or {META})")
     config = saved_train_config(json.loads(ckpt_state.read_text())["config"])
     return PolicyCheckpoint(root.parent.parent, step, config)
 
@@ -149,7 +149,7 @@ class RunCheckpoints:
              model_cfg: PolicyModelConfig, config: TrainConfig) -> Path:
         """Checkpoint `models` (name -> (model, its optimizer or None), saved in that order), then
         publish the step with the trainer state file (collective); the policy's checkpoint root.
-        A state file that cannot be written (a full disk) is a UserError: the checkpoints saved
+        A state file that cannot be written (a full disk) is a CheckpointError: the checkpoints saved
         before it are whole."""
         from hpc.policy.checkpoint import save_checkpoint, write_durably
 
@@ -165,8 +165,8 @@ class RunCheckpoints:
                     torch.save(state.rft_samples, root / f"rft.{step}.pt")
                 write_durably(root / f"{STATE_FILE}.{step}", json.dumps(saved, indent=1, default=str))
             except OSError as e:
-                raise UserError(f"checkpoint {root}: step {step} cannot be written ({os_reason(e)}); the "
-                                f"checkpoints saved before it are whole: make room and run again to resume "
-                                f"from the last") from None
+                raise CheckpointError(f"checkpoint {root}: step {step} cannot be written ({os_reason(e)}); the "
+                                      f"checkpoints saved before it are whole: make room and run again to resume "
+                                      f"from the last") from None
         barrier()
         return root / "policy"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc.config import build_config, read_yaml_mapping
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 
 ALGORITHMS = ("ppo", "grpo")
 KL_KINDS = ("k1", "k3")
@@ -41,26 +41,26 @@ class RLConfig:
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
-            raise UserError(f"config rl.algorithm: expected one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+            raise ConfigError(f"config rl.algorithm: expected one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.kl_kind not in KL_KINDS:
-            raise UserError(f"config rl.kl_kind: expected one of {', '.join(KL_KINDS)}, got {self.kl_kind!r}")
+            raise ConfigError(f"config rl.kl_kind: expected one of {', '.join(KL_KINDS)}, got {self.kl_kind!r}")
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
-                raise UserError(f"config rl.{key}: must be in [0, 1], got {getattr(self, key)}")
+                raise ConfigError(f"config rl.{key}: must be in [0, 1], got {getattr(self, key)}")
         for key in ("clip_low", "clip_high", "value_clip", "kl_coef", "entropy_coef", "clip_grad"):
             if getattr(self, key) < 0:
-                raise UserError(f"config rl.{key}: must be >= 0, got {getattr(self, key)}")
+                raise ConfigError(f"config rl.{key}: must be >= 0, got {getattr(self, key)}")
         if self.clip_low >= 1.0:
-            raise UserError(f"config rl.clip_low: must be < 1, got {self.clip_low}")
+            raise ConfigError(f"config rl.clip_low: must be < 1, got {self.clip_low}")
         for key in ("actor_lr", "critic_lr"):
             if not getattr(self, key) > 0:
-                raise UserError(f"config rl.{key}: must be > 0, got {getattr(self, key)}")
+                raise ConfigError(f"config rl.{key}: must be > 0, got {getattr(self, key)}")
         if self.group_size < 1:
-            raise UserError(f"config rl.group_size: must be >= 1, got {self.group_size}")
+            raise ConfigError(f"config rl.group_size: must be >= 1, got {self.group_size}")
         for key in ("ppo_epochs", "minibatches"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserError(f"config rl.{key}: must be an integer >= 1, got {value!r}")
+                raise ConfigError(f"config rl.{key}: must be an integer >= 1, got {value!r}")
 
 
 def load_rl_config(source: str | os.PathLike | dict[str, Any] | None = None) -> RLConfig:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.agent.toolcall import CLOSE, OPEN
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 from hpc.suite import find_candidate
 from hpc.task import Task
 
@@ -55,7 +55,7 @@ def demonstrations(tasks: list[Task], solutions: str | Path, backend: str,
 
     root = Path(solutions)
     if not root.is_dir():
-        raise UserError(f"solutions {root}: no such folder")
+        raise DataFileError(f"solutions {root}: no such folder")
     found = []
     for task in tasks:
         folder = find_candidate(task, root)
@@ -65,5 +65,5 @@ def demonstrations(tasks: list[Task], solutions: str | Path, backend: str,
                 starter = starter_model_new(task.path.read_text(encoding="utf-8", errors="replace"), task.task_id)
                 found.append(Demonstration(task, write_reply({"model_new.py": starter})))
     if not found:
-        raise UserError(f"solutions {root}: no workdir solution for any of the {len(tasks)} tasks")
+        raise DataFileError(f"solutions {root}: no workdir solution for any of the {len(tasks)} tasks")
     return found

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hpc.agent.config import AgentConfig, agent_config, agent_config_dict
 from hpc.config import EvalConfig
-from hpc.errors import UserError
+from hpc.errors import ResultsFileError, UsageError
 from hpc.results.record import POLICY_SAMPLE, EvalRecord
 from hpc.rl.checkpoints import PolicyCheckpoint, find_policy_checkpoint
 from hpc.task import Task
@@ -63,18 +63,18 @@ def policy_evaluation(checkpoint: str, samples: int = 1, mode: str = "multi_turn
                       max_turns: int | None = None, max_response_tokens: int | None = None,
                       temperature: float | None = None, top_p: float | None = None, batch: int = 8,
                       seed: int = 0) -> PolicyEvaluation:
-    """The settings, validated (UserError, one line). By default CUDA Agent's evaluation: multi-turn
+    """The settings, validated (UsageError, one line). By default CUDA Agent's evaluation: multi-turn
     episodes paid by their best state; limits, temperature and top-p left None are the run's."""
     ckpt = find_policy_checkpoint(checkpoint)
     for name, value, low in (("--samples", samples, 1), ("--batch", batch, 1)):
         if value < low:
-            raise UserError(f"{name}: must be >= {low}, got {value}")
+            raise UsageError(f"{name}: must be >= {low}, got {value}")
     agent = agent_config(agent_config_dict(ckpt.config.agent), mode=mode, state=state, max_turns=max_turns,
                          max_response_tokens=max_response_tokens)
     temperature = ckpt.config.rollout.temperature if temperature is None else temperature
     top_p = ckpt.config.rollout.top_p if top_p is None else top_p
     if temperature < 0 or not 0 < top_p <= 1:
-        raise UserError(f"--temperature must be >= 0 (0: greedy) and --top-p in (0, 1], got {temperature}, {top_p}")
+        raise UsageError(f"--temperature must be >= 0 (0: greedy) and --top-p in (0, 1], got {temperature}, {top_p}")
     return PolicyEvaluation(ckpt, agent, samples, temperature, top_p, batch, seed)
 
 
@@ -92,10 +92,10 @@ def check_out(out: Path, ev: PolicyEvaluation) -> None:
         try:
             theirs = file_attrs(shard).get("checkpoint")
         except OSError as e:
-            raise UserError(f"results {shard}: cannot read as HDF5 ({e})") from None
+            raise ResultsFileError(f"results {shard}: cannot read as HDF5 ({e})") from None
         if theirs != str(ev.checkpoint.directory):
-            raise UserError(f"--out {out}: {shard.name} holds results of {theirs or 'a candidate set'}; "
-                            "evaluate this checkpoint into another folder")
+            raise UsageError(f"--out {out}: {shard.name} holds results of {theirs or 'a candidate set'}; "
+                             "evaluate this checkpoint into another folder")
 
 
 class SampleStore:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.entry import exit_now
-from hpc.errors import UserError, check_out_folder, writable_folder
+from hpc.errors import UsageError, UserError, check_out_folder, writable_folder
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +110,11 @@ def _pool(cfg, out: Path, trainers: int, quiet: bool) -> dict[str, Any] | None:
     size, rank = world.Get_size(), world.Get_rank()
     tp = cfg.policy.parallel.tensor
     if trainers < 1 or trainers % tp:
-        raise UserError(f"--trainers {trainers}: must be a positive multiple of policy.parallel.tensor {tp}")
+        raise UsageError(f"--trainers {trainers}: must be a positive multiple of policy.parallel.tensor {tp}")
     groups = trainers // tp
     if size < groups * (tp + 1):
-        raise UserError(f"--pool: {size} ranks cannot hold {trainers} trainer(s) (tensor parallel {tp}) with a "
-                        f"worker for each of their {groups} group(s)")
+        raise UsageError(f"--pool: {size} ranks cannot hold {trainers} trainer(s) (tensor parallel {tp}) with a "
+                         f"worker for each of their {groups} group(s)")
     per_group = size // groups
     group_index = min(rank // per_group, groups - 1)
     group = world.Split(group_index, rank)

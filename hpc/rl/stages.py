@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hpc.agent.config import agent_config, agent_config_dict
 from hpc.agent.episode import Episode
-from hpc.errors import UserError
+from hpc.errors import TrainingError
 from hpc.policy.generate import SamplingParams
 from hpc.policy.model import load_stages
 from hpc.rl.batch import RolloutBatch, pack
@@ -231,8 +231,8 @@ def _sft_data(trainer: StageContext, stage: StageConfig) -> list[tuple[list[int]
     min_reward = _rft_stage(trainer).min_reward
     kept = [s for s in trainer.rft_samples if keep(s, min_reward)]
     if not kept:
-        raise UserError(f"stage {stage.name}: rejection sampling kept no trajectory (none with reward > "
-                        f"{min_reward} and no loop or malformed call)")
+        raise TrainingError(f"stage {stage.name}: rejection sampling kept no trajectory (none with reward > "
+                            f"{min_reward} and no loop or malformed call)")
     return [(s.tokens, s.generated) for s in kept]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpc.agent.config import AgentConfig, agent_config
 from hpc.config import EvalConfig, build_config, read_yaml_mapping
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 from hpc.policy.chat import FORMATS
 from hpc.policy.config import PolicyModelConfig, policy_config
 from hpc.rl.config import RLConfig, load_rl_config
@@ -83,18 +83,18 @@ def _stage(data: Any, index: int) -> StageConfig:
     stage = build_config(StageConfig, data, where)
     stage.name = stage.name or f"{stage.kind}{index}"
     if stage.kind not in STAGE_KINDS:
-        raise UserError(f"config {where}kind: expected one of {', '.join(STAGE_KINDS)}, got {stage.kind!r}")
+        raise ConfigError(f"config {where}kind: expected one of {', '.join(STAGE_KINDS)}, got {stage.kind!r}")
     if stage.mode not in ("single_turn", "multi_turn"):
-        raise UserError(f"config {where}mode: expected single_turn or multi_turn, got {stage.mode!r}")
+        raise ConfigError(f"config {where}mode: expected single_turn or multi_turn, got {stage.mode!r}")
     if stage.data not in SFT_DATA:
-        raise UserError(f"config {where}data: expected one of {', '.join(SFT_DATA)}, got {stage.data!r}")
+        raise ConfigError(f"config {where}data: expected one of {', '.join(SFT_DATA)}, got {stage.data!r}")
     if stage.samples_per_task < 0:
-        raise UserError(f"config {where}samples_per_task: must be >= 0, got {stage.samples_per_task}")
+        raise ConfigError(f"config {where}samples_per_task: must be >= 0, got {stage.samples_per_task}")
     for key in ("steps", "batch_size"):
         if getattr(stage, key) < 1:
-            raise UserError(f"config {where}{key}: must be >= 1, got {getattr(stage, key)}")
+            raise ConfigError(f"config {where}{key}: must be >= 1, got {getattr(stage, key)}")
     if stage.lr < 0 or stage.lr_end < 0:
-        raise UserError(f"config {where}lr and {where}lr_end: must be >= 0, got {stage.lr}, {stage.lr_end}")
+        raise ConfigError(f"config {where}lr and {where}lr_end: must be >= 0, got {stage.lr}, {stage.lr_end}")
     return stage
 
 
@@ -105,7 +105,7 @@ def train_config(data: dict[str, Any]) -> TrainConfig:
     cfg = build_config(TrainConfig, data, "")
     for key in ("policy", "agent", "eval", "rl", "rollout"):
         if sections[key] is not None and not isinstance(sections[key], dict):
-            raise UserError(f"config {key}: expected a mapping, got {type(sections[key]).__name__}")
+            raise ConfigError(f"config {key}: expected a mapping, got {type(sections[key]).__name__}")
     cfg.policy = policy_config(sections["policy"] or {})
     cfg.agent = agent_config(sections["agent"] or {})
     cfg.eval = build_config(EvalConfig, sections["eval"] or {}, "eval.")
@@ -116,7 +116,7 @@ def train_config(data: dict[str, Any]) -> TrainConfig:
     if stages is None:
         stages = []
     if not isinstance(stages, list):
-        raise UserError(f"config stages: expected a list, got {type(stages).__name__}")
+        raise ConfigError(f"config stages: expected a list, got {type(stages).__name__}")
     cfg.stages = [_stage(s, i) for i, s in enumerate(stages)]
     validate(cfg)
     return cfg
@@ -125,37 +125,37 @@ def train_config(data: dict[str, Any]) -> TrainConfig:
 def validate(cfg: TrainConfig) -> None:
     """Cross-section checks (each section validated itself when built)."""
     if not cfg.stages:
-        raise UserError("config stages: the recipe has no stage")
+        raise ConfigError("config stages: the recipe has no stage")
     names = [s.name for s in cfg.stages]
     if len(set(names)) != len(names):
-        raise UserError(f"config stages: stage names repeat ({', '.join(names)})")
+        raise ConfigError(f"config stages: stage names repeat ({', '.join(names)})")
     if cfg.chat_format not in FORMATS:
-        raise UserError(f"config chat_format: expected one of {', '.join(FORMATS)}, got {cfg.chat_format!r}")
+        raise ConfigError(f"config chat_format: expected one of {', '.join(FORMATS)}, got {cfg.chat_format!r}")
     if cfg.tokenizer.startswith(BPE_KINDS):
         size = cfg.tokenizer.partition(":")[2]
         if not size.isdigit() or int(size) < 300:
-            raise UserError(f"config tokenizer: {cfg.tokenizer.partition(':')[0]}:N needs a vocabulary size "
-                            f"N >= 300, got {cfg.tokenizer!r}")
+            raise ConfigError(f"config tokenizer: {cfg.tokenizer.partition(':')[0]}:N needs a vocabulary size "
+                              f"N >= 300, got {cfg.tokenizer!r}")
     r = cfg.rollout
     if r.tasks_per_step < 1 or r.concurrency < 1:
-        raise UserError("config rollout.tasks_per_step and rollout.concurrency: must be >= 1")
+        raise ConfigError("config rollout.tasks_per_step and rollout.concurrency: must be >= 1")
     if r.temperature <= 0 or not 0 < r.top_p <= 1:
-        raise UserError("config rollout.temperature must be > 0 and rollout.top_p in (0, 1]")
+        raise ConfigError("config rollout.temperature must be > 0 and rollout.top_p in (0, 1]")
     if cfg.checkpoint_every < 1:
-        raise UserError(f"config checkpoint_every: must be >= 1, got {cfg.checkpoint_every}")
+        raise ConfigError(f"config checkpoint_every: must be >= 1, got {cfg.checkpoint_every}")
     if cfg.agent.max_context_tokens > cfg.policy.max_seq_len:
-        raise UserError(f"config agent.max_context_tokens: {cfg.agent.max_context_tokens} exceeds "
-                        f"policy.max_seq_len {cfg.policy.max_seq_len}")
+        raise ConfigError(f"config agent.max_context_tokens: {cfg.agent.max_context_tokens} exceeds "
+                          f"policy.max_seq_len {cfg.policy.max_seq_len}")
     for i, s in enumerate(cfg.stages):
         if s.kind == "ppo" and cfg.rl.algorithm == "grpo" and s.samples_per_task == 1:
-            raise UserError(f"config stages[{i}].samples_per_task: grpo needs groups of 2 or more")
+            raise ConfigError(f"config stages[{i}].samples_per_task: grpo needs groups of 2 or more")
         episodes = r.tasks_per_step * (s.samples_per_task or cfg.rl.group_size)
         if s.kind == "ppo" and episodes < cfg.rl.minibatches:
-            raise UserError(f"config rl.minibatches: {cfg.rl.minibatches} minibatches, but stages[{i}] samples "
-                            f"{episodes} episodes per step (rollout.tasks_per_step x samples per task)")
+            raise ConfigError(f"config rl.minibatches: {cfg.rl.minibatches} minibatches, but stages[{i}] samples "
+                              f"{episodes} episodes per step (rollout.tasks_per_step x samples per task)")
         if s.kind in ("sft", "value") and s.data == "rft" or s.kind == "value":
             if not any(p.kind == "rft" for p in cfg.stages[:i]):
-                raise UserError(f"config stages[{i}]: {s.kind} on rft data needs an rft stage before it")
+                raise ConfigError(f"config stages[{i}]: {s.kind} on rft data needs an rft stage before it")
 
 
 def load_train_config(path: str | os.PathLike) -> TrainConfig:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from hpc.agent.backend import EvalBackend
-from hpc.errors import UserError
+from hpc.errors import ConfigError
 from hpc.policy.chat import ChatFormat, chat_format
 from hpc.policy.optimizer import ModelOptimizer
 from hpc.policy.parallel import DataParallel, barrier
@@ -87,9 +87,9 @@ class Trainer:
         for stage in self.cfg.stages:
             rows = tasks * (stage.samples_per_task or self.cfg.rl.group_size)
             if stage.kind == "ppo" and rows < self.cfg.rl.minibatches:
-                raise UserError(f"config rl.minibatches: {self.cfg.rl.minibatches} minibatches, but stage "
-                                f"{stage.name} gives a trainer rank as few as {rows} episodes per step "
-                                f"(tasks selected: {len(self.tasks)}, trainer ranks: {self.dp.size})")
+                raise ConfigError(f"config rl.minibatches: {self.cfg.rl.minibatches} minibatches, but stage "
+                                  f"{stage.name} gives a trainer rank as few as {rows} episodes per step "
+                                  f"(tasks selected: {len(self.tasks)}, trainer ranks: {self.dp.size})")
 
     def _tokenizer(self) -> Tokenizer:
         spec = self.cfg.tokenizer
@@ -117,8 +117,8 @@ class Trainer:
             if init is None:
                 mcfg.vocab_size = self.tokenizer.vocab_size
         if mcfg.vocab_size < self.tokenizer.vocab_size:
-            raise UserError(f"tokenizer {cfg.tokenizer}: {self.tokenizer.vocab_size} tokens, the policy has "
-                            f"{mcfg.vocab_size}")
+            raise ConfigError(f"tokenizer {cfg.tokenizer}: {self.tokenizer.vocab_size} tokens, the policy has "
+                              f"{mcfg.vocab_size}")
         mcfg.validate(self.layout.world_size)
         self.model_cfg = mcfg
         torch.manual_seed(cfg.seed)

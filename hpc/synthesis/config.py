@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc.config import CorrectnessConfig, EvalConfig, TimingConfig, build_config, read_yaml_mapping
-from hpc.errors import UserError
+from hpc.errors import ConfigError, UsageError, UserError
 from hpc.synthesis.context import FAMILIES
 
 # The filter chain (hpc.synthesis.filters), in the order it runs: the names `filters.skip` may give.
@@ -81,44 +81,44 @@ class SynthesisConfig:
     def validate(self) -> None:
         c, f = self.compose, self.filters
         if self.count < 0:
-            raise UserError(f"config count: must be >= 0, got {self.count}")
+            raise ConfigError(f"config count: must be >= 0, got {self.count}")
         if not self.source and self.count == 0:
-            raise UserError("config count: the composer needs a number of candidates (count > 0, or --count N)")
+            raise ConfigError("config count: the composer needs a number of candidates (count > 0, or --count N)")
         if self.workers < 1:
-            raise UserError(f"config workers: must be >= 1, got {self.workers}")
+            raise ConfigError(f"config workers: must be >= 1, got {self.workers}")
         if c.min_ops < 1 or c.max_ops < c.min_ops:
-            raise UserError(f"config compose.min_ops/max_ops: need 1 <= min_ops <= max_ops, "
-                            f"got {c.min_ops}, {c.max_ops}")
+            raise ConfigError(f"config compose.min_ops/max_ops: need 1 <= min_ops <= max_ops, "
+                              f"got {c.min_ops}, {c.max_ops}")
         if not c.families:
-            raise UserError("config compose.families: must name at least one family")
+            raise ConfigError("config compose.families: must name at least one family")
         for name in c.families:
             if name not in FAMILIES:
-                raise UserError(f"config compose.families[]: expected one of {', '.join(FAMILIES)}, got {name!r}")
+                raise ConfigError(f"config compose.families[]: expected one of {', '.join(FAMILIES)}, got {name!r}")
         for key in ("target_ms_gpu", "target_ms_cpu", "max_elements_gpu", "max_elements_cpu", "max_flops_gpu",
                     "max_flops_cpu"):
             if getattr(c, key) <= 0:
-                raise UserError(f"config compose.{key}: must be > 0, got {getattr(c, key)}")
+                raise ConfigError(f"config compose.{key}: must be > 0, got {getattr(c, key)}")
         for name in f.skip:
             if name not in FILTERS or name == "load":
-                raise UserError(f"config filters.skip[]: expected one of {', '.join(FILTERS[1:])}, got {name!r}")
+                raise ConfigError(f"config filters.skip[]: expected one of {', '.join(FILTERS[1:])}, got {name!r}")
         for key in ("runtime_ms_gpu", "runtime_ms_cpu"):
             window = getattr(f, key)
             if len(window) != 2 or not 0 <= window[0] < window[1]:
-                raise UserError(f"config filters.{key}: expected [low, high] with 0 <= low < high, got {window}")
+                raise ConfigError(f"config filters.{key}: expected [low, high] with 0 <= low < high, got {window}")
         if not 0 <= f.min_variation < 1:
-            raise UserError(f"config filters.min_variation: must be in [0, 1), got {f.min_variation}")
+            raise ConfigError(f"config filters.min_variation: must be in [0, 1), got {f.min_variation}")
         if not 0 <= f.min_slice_change <= 1:
-            raise UserError(f"config filters.min_slice_change: must be in [0, 1], got {f.min_slice_change}")
+            raise ConfigError(f"config filters.min_slice_change: must be in [0, 1], got {f.min_slice_change}")
         if not 0 < f.similarity <= 1:
-            raise UserError(f"config filters.similarity: must be in (0, 1], got {f.similarity}")
+            raise ConfigError(f"config filters.similarity: must be in (0, 1], got {f.similarity}")
         if self.source and not Path(self.source).is_file():
-            raise UserError(f"config source: {self.source}: no such file")
+            raise ConfigError(f"config source: {self.source}: no such file")
         if self.benchmark and not Path(self.benchmark).is_dir():
-            raise UserError(f"config benchmark: {self.benchmark}: no such folder")
+            raise ConfigError(f"config benchmark: {self.benchmark}: no such folder")
         try:
             self.eval.validate()
         except UserError as e:   # the evaluation config names its keys from its own top level
-            raise UserError(str(e).replace("config ", "config eval.", 1)) from None
+            raise ConfigError(str(e).replace("config ", "config eval.", 1)) from None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -175,14 +175,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SynthesisConfig:
     """The config the flags ask for: the YAML file (or the defaults), then the flags on top."""
     if args.import_only and not args.source:
-        raise UserError("--import-only: needs --from FILE")
+        raise UsageError("--import-only: needs --from FILE")
     backend, scale, source = args.backend, args.scale, args.source
     if args.validate:
         if args.source or args.import_only:
-            raise UserError("--validate: takes its tasks from the dataset; not with --from or --import-only")
+            raise UsageError("--validate: takes its tasks from the dataset; not with --from or --import-only")
         source = str(Path(args.validate) / "manifest.jsonl")
         if not Path(source).is_file():
-            raise UserError(f"--validate {args.validate}: no manifest.jsonl (a synthesized dataset folder, "
+            raise UsageError(f"--validate {args.validate}: no manifest.jsonl (a synthesized dataset folder, "
                             "RUN/dataset, expected)")
         backend = backend or "cuda"   # the scale follows it unless given: gpu on cuda
     absolute = {key: str(Path(value).resolve()) if value else None

@@ -26,7 +26,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 from hpc.results.columns import Column, column_dtype, describe
 
 FORMAT = "hpc-synthesis-manifest"
@@ -266,14 +266,14 @@ def read_manifest(path: str | os.PathLike) -> tuple[list[dict], list[FilterStats
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise UserError(f"manifest {path}: cannot read as HDF5 ({e})") from None
+        raise DataFileError(f"manifest {path}: cannot read as HDF5 ({e})") from None
     with f:
         if f.attrs.get("format") != FORMAT or "candidates" not in f or "filters" not in f:
-            raise UserError(f"manifest {path}: not an {FORMAT} file")
+            raise DataFileError(f"manifest {path}: not an {FORMAT} file")
         group = f["candidates"]
         missing = [c for c in COLUMNS if c not in group]
         if missing:
-            raise UserError(f"manifest {path}: malformed, missing columns {', '.join(missing)}")
+            raise DataFileError(f"manifest {path}: malformed, missing columns {', '.join(missing)}")
         columns = {c: group[c][:] for c in COLUMNS}
         records = []
         for i in range(int(group.attrs["count"])):

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 
 
 _TASK_ID = re.compile(r"level[1-9]/[A-Za-z0-9_]+")
@@ -32,7 +32,7 @@ def read_ops6k(path: str | Path) -> list[Row]:
     """Every row of the file; a malformed row is a one-line error naming the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"ops6k {path}: no such file")
+        raise DataFileError(f"ops6k {path}: no such file")
     if path.suffix == ".parquet":
         records = _read_parquet(path)
         where = "row"
@@ -40,18 +40,18 @@ def read_ops6k(path: str | Path) -> list[Row]:
         records = _read_jsonl(path)
         where = "line"
     else:
-        raise UserError(f"ops6k {path}: expected a .jsonl or .parquet file")
+        raise DataFileError(f"ops6k {path}: expected a .jsonl or .parquet file")
     rows = []
     for number, record in records:
         if not isinstance(record, dict) or not isinstance(record.get("code"), str) or not record["code"].strip():
-            raise UserError(f"ops6k {path} {where} {number}: expected an object with a non-empty string 'code'")
+            raise DataFileError(f"ops6k {path} {where} {number}: expected an object with a non-empty string 'code'")
         source = record.get("data_source", "")
         task_id = record.get("task_id")
         rows.append(Row(record["code"], _ops(record.get("ops"), path, where, number),
                         str(source) if source is not None else "",
                         task_id if isinstance(task_id, str) and _TASK_ID.fullmatch(task_id) else ""))
     if not rows:
-        raise UserError(f"ops6k {path}: no rows")
+        raise DataFileError(f"ops6k {path}: no rows")
     return rows
 
 
@@ -60,14 +60,14 @@ def _read_jsonl(path: Path) -> list[tuple[int, object]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise UserError(f"ops6k {path}: not UTF-8 text ({e.reason})") from None
+        raise DataFileError(f"ops6k {path}: not UTF-8 text ({e.reason})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             out.append((number, json.loads(line)))
         except json.JSONDecodeError as e:
-            raise UserError(f"ops6k {path} line {number}: not valid JSON ({e.msg})") from None
+            raise DataFileError(f"ops6k {path} line {number}: not valid JSON ({e.msg})") from None
     return out
 
 
@@ -75,12 +75,12 @@ def _read_parquet(path: Path) -> list[tuple[int, object]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise UserError(f"ops6k {path}: reading parquet needs pyarrow (pip install pyarrow), "
-                        "or convert the file to JSONL") from None
+        raise DataFileError(f"ops6k {path}: reading parquet needs pyarrow (pip install pyarrow), "
+                            "or convert the file to JSONL") from None
     try:
         table = pq.read_table(path)
     except Exception as e:   # pyarrow's own errors: not a parquet file, truncated, ...
-        raise UserError(f"ops6k {path}: cannot read as parquet ({str(e).splitlines()[0]})") from None
+        raise DataFileError(f"ops6k {path}: cannot read as parquet ({str(e).splitlines()[0]})") from None
     return list(enumerate(table.to_pylist(), 1))
 
 
@@ -96,12 +96,12 @@ def _ops(value: object, path: Path, where: str, number: int) -> list[str]:
                 try:
                     value = ast.literal_eval(text)
                 except (ValueError, SyntaxError):
-                    raise UserError(f"ops6k {path} {where} {number}: 'ops' is not a list") from None
+                    raise DataFileError(f"ops6k {path} {where} {number}: 'ops' is not a list") from None
         else:
             return [part.strip() for part in text.split(",") if part.strip()]
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise UserError(f"ops6k {path} {where} {number}: 'ops' must be a list of strings")
+    raise DataFileError(f"ops6k {path} {where} {number}: 'ops' must be a list of strings")
 
 
 def task_name(ops: list[str], fallback: str = "task") -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.engine import Item, in_threads, run_items
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 from hpc.synthesis.config import FILTERS, SynthesisConfig
 from hpc.synthesis.filters import FilterChain
 from hpc.synthesis.manifest import run_stats, stats_table, write_manifest
@@ -118,7 +118,7 @@ def read_shard(path: Path) -> tuple[dict | None, list[dict], int]:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise UserError(f"shard {path}: cannot read ({e.strerror})") from None
+        raise DataFileError(f"shard {path}: cannot read ({e.strerror})") from None
     header, records, good = None, [], 0
     lines = data.splitlines(keepends=True)
     for number, line in enumerate(lines, 1):
@@ -129,14 +129,14 @@ def read_shard(path: Path) -> tuple[dict | None, list[dict], int]:
         except ValueError:        # not JSON, or not UTF-8
             if number == len(lines):
                 break
-            raise UserError(f"shard {path} line {number}: corrupt (not a JSON record); move the file away "
+            raise DataFileError(f"shard {path} line {number}: corrupt (not a JSON record); move the file away "
                             "to check its candidates again") from None
         if header is not None and (not isinstance(obj, dict) or not _RECORD_KEYS <= obj.keys()):
-            raise UserError(f"shard {path} line {number}: corrupt (not a candidate record); move the file away "
+            raise DataFileError(f"shard {path} line {number}: corrupt (not a candidate record); move the file away "
                             "to check its candidates again")
         if header is None:
             if not isinstance(obj, dict) or obj.get("format") != SHARD_FORMAT:
-                raise UserError(f"shard {path}: not a synthesis shard file")
+                raise DataFileError(f"shard {path}: not a synthesis shard file")
             header = obj
         else:
             records.append(obj)
@@ -153,8 +153,8 @@ def _check_header(path: Path, header: dict, expected: dict, keys: tuple[str, ...
                   ) -> None:
     for key in keys:
         if header.get(key) != expected[key]:
-            raise UserError(f"shard {path}: written by a different run ({key} {header.get(key)!r}, this run "
-                            f"{expected[key]!r}); use a new output folder")
+            raise DataFileError(f"shard {path}: written by a different run ({key} {header.get(key)!r}, this run "
+                                f"{expected[key]!r}); use a new output folder")
 
 
 class ShardFile:
@@ -233,19 +233,19 @@ def _read_run(out: Path, cfg: SynthesisConfig | None) -> tuple[list[dict], list[
     """Every shard's header, each checked against the first (and `cfg`), and all their records."""
     files = sorted(out.glob("shard-*.jsonl"))
     if not files:
-        raise UserError(f"run {out}: no shard files (shard-*.jsonl) to merge")
+        raise DataFileError(f"run {out}: no shard files (shard-*.jsonl) to merge")
     headers, records = {}, []
     for path in files:
         header, recs, _ = read_shard(path)
         if header is None:
-            raise UserError(f"shard {path}: empty")
+            raise DataFileError(f"shard {path}: empty")
         headers[path] = header
         records += recs
     first = next(iter(headers.values()))
     for path, header in headers.items():
         _check_header(path, header, first)
     if cfg is not None and fingerprint(cfg) != first["fingerprint"]:
-        raise UserError(f"run {out}: its shards were written with a different config than this one")
+        raise DataFileError(f"run {out}: its shards were written with a different config than this one")
     return list(headers.values()), records
 
 
@@ -273,13 +273,13 @@ def merge(out: Path, cfg: SynthesisConfig | None = None) -> dict:
     shards, count = first["shards"], first["count"]
     missing_shards = sorted(set(range(shards)) - {h["shard"] for h in headers})
     if missing_shards:
-        raise UserError(f"run {out}: shard(s) {', '.join(map(str, missing_shards))} of {shards} have no file yet")
+        raise DataFileError(f"run {out}: shard(s) {', '.join(map(str, missing_shards))} of {shards} have no file yet")
     by_index = {r["index"]: r for r in records}
     missing = sorted(set(range(count)) - set(by_index))
     if missing:
         shard_list = sorted({i % shards for i in missing})
-        raise UserError(f"run {out}: {len(missing)} of {count} candidates not checked yet (shard(s) "
-                        f"{', '.join(map(str, shard_list))}); run them again")
+        raise DataFileError(f"run {out}: {len(missing)} of {count} candidates not checked yet (shard(s) "
+                            f"{', '.join(map(str, shard_list))}); run them again")
     config = first["config"]
     records = _verdicts([by_index[i] for i in range(count)], config)
     dataset = out / DATASET

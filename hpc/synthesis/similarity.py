@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from pathlib import Path
 
-from hpc.errors import UserError
+from hpc.errors import DataFileError
 
 KEPT_NAMES = frozenset({"Model", "get_inputs", "get_init_inputs", "forward", "__init__", "self"})
 _BUILTINS = frozenset(dir(builtins))
@@ -313,7 +313,7 @@ class BenchmarkIndex:
     def __init__(self, root: str | Path):
         root = Path(root)
         if not root.is_dir():
-            raise UserError(f"benchmark {root}: no such folder")
+            raise DataFileError(f"benchmark {root}: no such folder")
         self.root = root
         self.entries: list[_Reference] = []
         self.signatures: dict[tuple[str, ...], str] = {}
@@ -329,7 +329,7 @@ class BenchmarkIndex:
             if signature:
                 self.signatures.setdefault(signature, name)
         if not self.entries:
-            raise UserError(f"benchmark {root}: no Python problem files found")
+            raise DataFileError(f"benchmark {root}: no Python problem files found")
 
     def most_similar(self, tokens: list[str], threshold: float) -> tuple[str, float] | None:
         """The first benchmark file whose model (`model_tokens`) is at least `threshold` similar,
