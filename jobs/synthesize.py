@@ -31,12 +31,12 @@ import submitit  # noqa: E402
 from hpc.entry import Parser, summary  # noqa: E402
 from hpc.errors import UsageError, UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor, wait_for_array, watch_for_sigterm  # noqa: E402
-from hpc.logs import add_logging_args, setup_logging  # noqa: E402
+from hpc.logs import JobLogging, add_logging_args, setup_logging  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
-class SynthesizeShard(submitit.helpers.Checkpointable):
+class SynthesizeShard(JobLogging, submitit.helpers.Checkpointable):
     """One array task: its share of the candidates into its own JSONL file. Checkpointable: on
     preemption or timeout submitit requeues it with the same arguments, and the file it wrote
     tells it where it stopped."""
@@ -44,7 +44,7 @@ class SynthesizeShard(submitit.helpers.Checkpointable):
     def __call__(self, shard: int, shards: int, out_dir: str, cfg) -> dict:
         from hpc.synthesis.shards import run_shard
 
-        setup_logging()
+        self.setup_logging()
         summary = run_shard(cfg, shard, shards, Path(out_dir), stop=watch_for_sigterm())
         if summary["preempted"]:
             # no result for submitit to record: the requeued task (or a re-submission) finishes the shard
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     executor = make_executor(out / "submitit", args.executor, "hpc-synthesize", args.time,
                              gpus_per_task=args.gpus_per_task, cpus_per_task=args.cpus_per_task,
                              partition=args.partition, account=args.account, parallelism=args.parallelism)
-    jobs = executor.map_array(SynthesizeShard(), range(shards), [shards] * shards, [str(out)] * shards,
-                              [cfg] * shards)
+    jobs = executor.map_array(SynthesizeShard(args.verbose, args.quiet), range(shards), [shards] * shards,
+                              [str(out)] * shards, [cfg] * shards)
     log.info("synthesize: %d candidates in %d shards, %s job %s", count, shards, executor.cluster,
              jobs[0].job_id.split("_")[0])
     failed = wait_for_array(jobs, "synthesize", lambda s: (f"shard {s['shard']} done ({s['checked']} checked, "
