@@ -210,7 +210,7 @@ def test_a_file_from_before_the_stages_had_one_vocabulary_reads_them_under_the_n
                                                                    {"verify": 2.0, "profile": 3.5}, {}]
     with h5py.File(path, "a") as f:
         f.attrs["schema_version"] = 6
-    with pytest.raises(UserError, match="malformed, row 0: record failed_stage: expected one of"):
+    with pytest.raises(ResultsFileError, match="malformed, row 0: record failed_stage: expected one of"):
         read_records(path)
 
 
