@@ -3,6 +3,7 @@ and a worker rank killed mid-batch loses no finished result and no request."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -79,10 +80,12 @@ def test_pool_answers_every_request_once_and_a_rerun_skips_finished_ones(tmp_pat
     busy = re.search(r"pool: 4 answered by 2 worker rank\(s\) in \d+ s \([\d.]+/min\), workers busy (\d+)%", log)
     assert busy and 0 < int(busy.group(1)) <= 100, log
 
-    again = _pool(3, tasks, solutions, out, cache_dir)
+    status = tmp_path / "status.json"
+    again = _pool(3, tasks, solutions, out, cache_dir, "--status-file", str(status))
     log = _finish(again)
     assert again.returncode == 0 and "0 to evaluate, 4 already recorded" in log, log
     assert len(read_records(out)) == 4
+    assert json.loads(status.read_text()) == {"items": 4, "finished": 4, "unfinished": 0, "error": None}
 
 
 def test_one_worker_rank_runs_evaluations_concurrently(tmp_path, cache_dir):
@@ -254,10 +257,14 @@ def test_a_read_only_out_is_one_error_line_and_exit_2_from_the_pool(tmp_path):
     _mount_tmpfs(read_only, "64k", "ro")
     try:
         tasks, solutions = _suite(tmp_path, 1)
-        proc = _pool(2, tasks, solutions, read_only / "r.h5", tmp_path / "cache", launch=QUIET, work=tmp_path)
+        proc = _pool(2, tasks, solutions, read_only / "r.h5", tmp_path / "cache", "--status-file",
+                     str(tmp_path / "status.json"), launch=QUIET, work=tmp_path)
         log = _finish(proc, timeout=300)
         assert proc.returncode == 2, log
         assert _one_error_line(log) == f"error: results {read_only / 'r.h5'}: cannot write (read-only file system)"
+        assert json.loads((tmp_path / "status.json").read_text()) == \
+            {"items": 0, "finished": 0, "unfinished": 0, "error": f"results {read_only / 'r.h5'}: cannot write "
+                                                                  "(read-only file system)"}
     finally:
         subprocess.run(["umount", "-l", str(read_only)], check=True)
 
