@@ -3,6 +3,7 @@ and a worker rank killed mid-batch loses no finished result and no request."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpc.pool.processes import process_with
-from hpc.results.hdf5 import read_records
+from hpc.results.hdf5 import read_records, repair
 from tests.conftest import RELU_TASK, ROOT, TESTS, plumbing_config
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (scripts/test.sh installs it)")
@@ -30,12 +31,15 @@ def _suite(root: Path, n: int) -> tuple[Path, Path]:
     return tasks.parent, solutions.parent
 
 
-def _pool(ranks: int, tasks: Path, solutions: Path, out: Path, cache: Path, *extra: str) -> subprocess.Popen:
-    config = plumbing_config(out.parent)
+def _pool(ranks: int, tasks: Path, solutions: Path, out: Path, cache: Path, *extra: str,
+          launch: tuple[str, ...] = ("--enable-recovery",), work: Path | None = None) -> subprocess.Popen:
+    """The pool under mpirun; `work` (default: --out's folder) holds its config and TMPDIR."""
+    work = work or out.parent
+    config = plumbing_config(work)
     env = {**os.environ, "HPC_CACHE_DIR": str(cache), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
-           "TMPDIR": str(out.parent)}
-    cmd = ["mpirun", "-n", str(ranks), "--enable-recovery", sys.executable, "-m", "mpi4py", "-m", "hpc.pool",
+           "TMPDIR": str(work)}
+    cmd = ["mpirun", "-n", str(ranks), *launch, sys.executable, "-m", "mpi4py", "-m", "hpc.pool",
            str(tasks), str(solutions), "--out", str(out), "--backend", "cpu", "--iterations", "10",
            "--config", str(config), *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -76,10 +80,12 @@ def test_pool_answers_every_request_once_and_a_rerun_skips_finished_ones(tmp_pat
     busy = re.search(r"pool: 4 answered by 2 worker rank\(s\) in \d+ s \([\d.]+/min\), workers busy (\d+)%", log)
     assert busy and 0 < int(busy.group(1)) <= 100, log
 
-    again = _pool(3, tasks, solutions, out, cache_dir)
+    status = tmp_path / "status.json"
+    again = _pool(3, tasks, solutions, out, cache_dir, "--status-file", str(status))
     log = _finish(again)
     assert again.returncode == 0 and "0 to evaluate, 4 already recorded" in log, log
     assert len(read_records(out)) == 4
+    assert json.loads(status.read_text()) == {"items": 4, "finished": 4, "unfinished": 0, "error": None}
 
 
 def test_one_worker_rank_runs_evaluations_concurrently(tmp_path, cache_dir):
@@ -208,3 +214,102 @@ def test_a_damaged_results_file_is_refused_in_one_line_and_every_rank_exits(tmp_
     assert len(errors) == 1, log                                                # --enable-recovery drops it
     assert errors[0].startswith(f"error: results {out}: damaged, and no journal to rebuild it from"), log
     assert "Traceback" not in log and "MPI_ABORT" not in log, log
+
+
+def _fill(disk: Path) -> Path:
+    """Fill a file system to the last byte; the file that fills it."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return ballast
+
+
+def _fill_once_streaming(proc: subprocess.Popen, out: Path) -> list[str]:
+    """Fill --out's disk once its first record is in; the records finished by then."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and not (out.exists() and read_records(out)):
+        time.sleep(0.2)
+    assert proc.poll() is None, "the pool finished before its disk could be filled"
+    before = [r.task_id for r in read_records(out)]
+    _fill(out.parent)
+    return before
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    from tests.test_results_journal import _mount_tmpfs
+
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "2m")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+QUIET = ("-q",)   # mpirun without --enable-recovery passes rank 0's exit status on; -q: without its banner
+
+
+def _one_error_line(log: str) -> str:
+    errors = [line for line in log.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), log
+    assert "Traceback" not in log and "MPI_ABORT" not in log, log
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_a_read_only_out_is_one_error_line_and_exit_2_from_the_pool(tmp_path):
+    from tests.test_results_journal import _mount_tmpfs
+
+    read_only = tmp_path / "ro"
+    _mount_tmpfs(read_only, "64k", "ro")
+    try:
+        tasks, solutions = _suite(tmp_path, 1)
+        proc = _pool(2, tasks, solutions, read_only / "r.h5", tmp_path / "cache", "--status-file",
+                     str(tmp_path / "status.json"), launch=QUIET, work=tmp_path)
+        log = _finish(proc, timeout=300)
+        assert proc.returncode == 2, log
+        assert _one_error_line(log) == f"error: results {read_only / 'r.h5'}: cannot write (read-only file system)"
+        assert json.loads((tmp_path / "status.json").read_text()) == \
+            {"items": 0, "finished": 0, "unfinished": 0, "error": f"results {read_only / 'r.h5'}: cannot write "
+                                                                  "(read-only file system)"}
+    finally:
+        subprocess.run(["umount", "-l", str(read_only)], check=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_is_one_error_line_and_exit_2_from_the_pool_and_keeps_every_record(
+        tmp_path, small_disk, cache_dir):
+    tasks, solutions = _suite(tmp_path, 6)
+    out = small_disk / "pool.h5"
+    proc = _pool(3, tasks, solutions, out, cache_dir, launch=QUIET, work=tmp_path)
+    before = _fill_once_streaming(proc, out)
+    log = _finish(proc, timeout=600)
+    assert proc.returncode == 2, log
+    assert _one_error_line(log).startswith(f"error: results {out}: cannot write (no space left on device)"), log
+    (small_disk / "ballast").unlink()
+    again = _pool(3, tasks, solutions, out, cache_dir, launch=QUIET, work=tmp_path)   # the rest, once
+    log = _finish(again)
+    assert again.returncode == 0, log
+    got = [r.task_id for r in read_records(out)]
+    assert got[:len(before)] == before and sorted(got) == [f"level1/relu_{k}" for k in range(6)], log
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_run_is_one_error_line_and_exit_2_from_eval_suite(tmp_path, small_disk, cache_dir):
+    tasks, solutions = _suite(tmp_path, 4)
+    out = small_disk / "r.h5"
+    env = {**os.environ, "HPC_CACHE_DIR": str(cache_dir), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "hpc.cli", "eval-suite", str(tasks), str(solutions), "--out",
+                             str(out), "--backend", "cpu", "--iterations", "10", "--config",
+                             str(plumbing_config(tmp_path))], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    before = _fill_once_streaming(proc, out)
+    log = _finish(proc, timeout=600)
+    assert proc.returncode == 2, log
+    assert _one_error_line(log).startswith(f"error: results {out}: cannot write (no space left on device)"), log
+    (small_disk / "ballast").unlink()
+    got = [r.task_id for r in read_records(out)] if not repair(out).endswith("(no tables)") else []
+    assert got[:len(before)] == before and len(set(got)) == len(got), (before, got)

@@ -8,6 +8,7 @@ import math
 import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import pytest
@@ -97,6 +98,20 @@ def test_a_second_writer_is_refused_while_the_first_lives(tmp_path):
     assert len(read_records(path)) >= 4
 
 
+def _follow_once(path) -> list[str]:
+    """One read of a live file as results/SCHEMA.md ("Following a live file") tells a reader outside
+    the project: open in SWMR mode, read `count`, then the first `count` rows, close; a read that
+    the writer's string data outran is tried again on a fresh open."""
+    for _ in range(20):
+        try:
+            with h5py.File(path, "r", libver="latest", swmr=True) as f:
+                count = int(f["records"].attrs["count"])
+                return [t.decode() for t in f["records/task_id"][:count]]
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("20 reads outran")
+
+
 def test_a_live_reader_follows_the_writer(tmp_path):
     path = tmp_path / "live.h5"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
@@ -104,9 +119,12 @@ def test_a_live_reader_follows_the_writer(tmp_path):
         while int(proc.stdout.readline()) < 5:
             pass
         first = len(read_records(path))
+        seen = _follow_once(path)
         while int(proc.stdout.readline()) < first + 20:
             pass
         assert len(read_records(path)) > first >= 5
+        later = _follow_once(path)
+        assert len(later) > len(seen) >= 5 and later == [f"t{i}" for i in range(len(later))]
     finally:
         proc.kill()
         proc.wait()

@@ -83,6 +83,38 @@ def test_reward_pool_under_srun_pmix_survives_a_killed_worker_rank(slurm, tmp_pa
     assert state == "COMPLETED", log
 
 
+def test_reward_pool_under_mpirun_ends_with_a_killed_coordinator_and_the_template_resumes_it(slurm, tmp_path,
+                                                                                              cache_dir):
+    """HPC_LAUNCHER=mpirun (mpirun --enable-recovery): rank 0 is SIGKILLed once results stream. Its
+    workers hear nothing, leave, and the step ends (mpirun exits 0 all the same); the pool wrote no
+    status, so the template starts it again, and the restarted pool evaluates only what is missing."""
+    tasks, solutions = _suite(tmp_path, 6)
+    out = tmp_path / "pool.h5"
+    config = plumbing_config(tmp_path)
+    env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
+           "HPC_POOL_ARGS": f"--iterations 10 --coordinator-silent 5 --config {config}", "HPC_PYTHON": sys.executable,
+           "HPC_CACHE_DIR": str(cache_dir), "HPC_LAUNCHER": "mpirun", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, env, "--ntasks=3", "--export=ALL")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (out.exists() and read_records(out)):
+        time.sleep(0.5)
+    victim = process_with(b"hpc.pool", f"SLURM_JOB_ID={job}", "OMPI_COMM_WORLD_RANK=0")
+    assert victim is not None, "pool finished (or never started) before its coordinator could be killed"
+    before = [r.task_id for r in read_records(out)]
+    os.kill(victim, signal.SIGKILL)
+    state = wait_for_job(job)
+    log = (tmp_path / f"{job}.out").read_text()
+    assert "ended unfinished (no status: a rank died, exit 0); restart 1 of 2 for what is missing" in log, log
+    assert "nothing from the coordinator (rank 0)" in log, log
+    records = read_records(out)
+    assert [r.task_id for r in records][:len(before)] == before, log
+    assert sorted(r.task_id for r in records) == [f"level1/relu_{k}" for k in range(6)], log
+    assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
+    assert state == "COMPLETED", log
+    assert process_with(b"hpc.pool", f"SLURM_JOB_ID={job}") is None, "a rank outlived the job"
+
+
 def test_reward_pool_template_names_a_missing_parameter(slurm, tmp_path):
     job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, {}, "--ntasks=2",
                  "--export=NONE,PATH=/usr/bin:/bin")

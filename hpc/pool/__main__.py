@@ -5,12 +5,17 @@ other rank is a worker with one device.
     srun --mpi=pmix -n 5 python -m mpi4py -m hpc.pool TASKS CANDIDATES --out r.h5
 
 Re-running with the same --out evaluates only what is missing (task + candidate content).
+With --status-file, rank 0 says at its end how the pool ended (finished and unfinished counts, or
+its error), so a job script can tell a pool that ended from one that died (under
+`mpirun --enable-recovery` the exit status is 0 whatever the ranks did).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dead-after", type=float, default=30.0, help="seconds without a heartbeat before a rank is lost")
     p.add_argument("--coordinator-silent", type=float, default=60.0,
                    help="seconds without a word from the coordinator before a worker rank takes it for dead and leaves")
+    p.add_argument("--status-file", help="JSON written (atomically) when rank 0 ends: items, finished, unfinished "
+                                         "(no record, or a harness error) and error (null, or the error line)")
     p.add_argument("--retries", type=int, default=1, help="re-runs of a request whose worker rank was lost")
     p.add_argument("--concurrency", type=int, default=None,
                    help="evaluations at once per worker rank (they share its device; timings take turns; "
@@ -101,17 +108,20 @@ def coordinate(comm, args, cfg) -> int:
         rank, seconds = answered.get(rec.task_id, (0, 0.0))
         return one_line(f"{rec.task_id} (rank {rank}, {seconds:.1f} s): {state}")
 
-    code = 0
+    code, run, error = 0, None, None
     try:
         check_results_name(args.out)
         tasks = select_tasks(discover_tasks(args.tasks), args.only, args.tasks)
         entries = suite_entries([(t, find_candidate(t, Path(args.candidates))) for t in tasks], args.candidates)
         items = [Item(e.record_key(), e) for e in entries]
         with RecordStore(args.out, provenance(config_to_dict(cfg))) as store:   # a damaged file repaired or refused
-            run_items(items, on_the_pool, store, describe=describe, label="pool")
+            run = run_items(items, on_the_pool, store, describe=describe, label="pool")
     except UserError as e:   # said once, on this rank; the worker ranks are stopped below, not aborted
         log.error("error: %s", e)
-        code = 2
+        code, error = 2, str(e)
+    if args.status_file:
+        finished = run.skipped + sum(r.status != "error" for r in run.written) if run else 0
+        write_status(args.status_file, len(items) if run else 0, finished, error)
     clean = pool.close()
     log.info("pool: %s", pool.usage_line())
     for rank, reason in sorted(pool.dead.items()):
@@ -126,10 +136,22 @@ def coordinate(comm, args, cfg) -> int:
     return code
 
 
+def write_status(path: str, items: int, finished: int, error: str | None) -> None:
+    """The --status-file, written aside and switched in with one rename: a reader sees it whole."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"items": items, "finished": finished, "unfinished": items - finished, "error": error}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.error("error: --status-file %s: cannot write (%s)", path, e.strerror)
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    args = None
     try:
         args = parse_args(argv)
         setup_logging(args.verbose, args.quiet, comm.Get_rank())
@@ -139,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("the pool needs at least 2 ranks (1 coordinator + workers)")
     except UserError as e:   # every rank reads the same arguments and config
         log.error("error: %s", e, extra=ON_EVERY_RANK)
+        if comm.Get_rank() == 0 and args is not None and args.status_file:
+            write_status(args.status_file, 0, 0, str(e))
         return 2
     workers = comm.Split(0 if comm.Get_rank() == 0 else 1, comm.Get_rank())
     if comm.Get_rank() == 0:

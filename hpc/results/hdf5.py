@@ -24,13 +24,17 @@ cleanly ends the journal with a `close` entry. Whoever takes the lock next (a wr
 repair`) trusts the file only when the journal ends with `close`, names the same file (the
 `journal_id` attribute) and counts the same rows; otherwise the file is rebuilt from the journal
 into a temporary file and switched in with one os.replace. So every append that returned survives
-any kill and a full disk, each row once. A file without a journal (written before journals, or
+any kill and a full disk, each row once. HDF5 itself must never meet a full disk (a failed write
+leaves it unable to close the file, and the process crashes later): the room of each change is
+allocated ahead (_reserve), so a full disk fails there, before HDF5 writes. A file without a journal (written before journals, or
 copied without it) gets one from its complete rows the first time a writer opens it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import json
 import logging
@@ -67,6 +71,13 @@ log = logging.getLogger(__name__)
 # datatype messages (the bool columns among them) HDF5 1.10 and 1.14 readers (Debian's h5dump,
 # an older h5py) cannot decode.
 LIBVER = ("v110", "v110")
+# Room kept free at the end of a file being written, beyond twice the journal entry of the change
+# at hand (HDF5 grows a results file by at most about 60 KB plus a change's data: new chunks of
+# every column): see _reserve.
+HEADROOM = 256 * 1024
+FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 
 
 class AppendingFile:
@@ -76,8 +87,9 @@ class AppendingFile:
     describe their columns (`_prepare`), sets `attrs` and `schema_doc` on the file, journals the
     layout and switches to SWMR mode, after which no table, column or attribute can be created: so
     a subclass creates all of its own up front. Every change goes through `append_rows` and
-    `truncate_rows`, journal first. A failed write (a full disk) is a UserError, and the writer
-    takes no more: the next one rebuilds the file from the journal."""
+    `truncate_rows`, journal first, then room for it reserved (_reserve), then the file. A failed
+    write (a full disk) is a UserError, and the writer takes no more: the next one rebuilds the
+    file from the journal."""
 
     def __init__(self, path: str | os.PathLike, attrs: dict[str, str] | None = None):
         self.path = Path(path)
@@ -95,12 +107,14 @@ class AppendingFile:
             self.close()
             raise
         try:
+            with self._writing():
+                _reserve(self.file, HEADROOM)
             self._prepare()
             with self._writing():
                 for key, value in {**(attrs or {}), "schema_doc": SCHEMA_DOC}.items():
                     if key != JOURNAL_ID:
                         self.file.attrs[key] = value
-                self._journal.append(_layout(self.file))
+                self._journaled(_layout(self.file))
                 self.file.swmr_mode = True
         except BaseException:
             self.close()
@@ -123,16 +137,22 @@ class AppendingFile:
             info = self._columns[group.name] = _column_info(group)
         cells = {name: _cells(name, info[name][1], info[name][2], values) for name, values in columns.items()}
         with self._writing():
-            self._journal.append({"op": "rows", "table": group.name, "at": n, "n": k, "columns": cells})
+            self._journaled({"op": "rows", "table": group.name, "at": n, "n": k, "columns": cells})
             _write_rows(group, info, n, k, cells)
             self.file.flush()
 
     def truncate_rows(self, group: h5py.Group, keep: int) -> None:
         """Drop a table's rows after the first `keep` (journaled first, like an append)."""
         with self._writing():
-            self._journal.append({"op": "cut", "table": group.name, "keep": keep})
+            self._journaled({"op": "cut", "table": group.name, "keep": keep})
             _cut(group, keep)
             self.file.flush()
+
+    def _journaled(self, entry: dict) -> None:
+        """Journal a change, then reserve the room the file needs for it."""
+        before = self._journal.length
+        self._journal.append(entry)
+        _reserve(self.file, 2 * (self._journal.length - before) + HEADROOM)
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
@@ -154,6 +174,8 @@ class AppendingFile:
         if file is not None and file.id.valid:
             try:
                 file.close()
+                if not self.failed:
+                    _release(self.path)
             except (OSError, RuntimeError):
                 self.failed = True
         if self._journal is not None:
@@ -396,7 +418,7 @@ def _reconcile(path: Path) -> tuple[Journal, str]:
                 action = REBUILT
         if action != REBUILT:
             length = write_new(jpath, entries)
-        _rebuild(path, entries)
+        _rebuild(path, entries, length)
         return Journal(jpath, length), action
     except OSError as e:
         raise ResultsFileError(f"results {path}: cannot write ({os_reason(e)})") from None
@@ -457,7 +479,7 @@ def _snapshot(path: Path) -> list[dict]:
     return entries
 
 
-def _rebuild(path: Path, entries: list[dict]) -> None:
+def _rebuild(path: Path, entries: list[dict], length: int) -> None:
     """Write the file the journal entries describe beside `path` and switch it in with one os.replace.
     Where the disk has no room for the copy, the old file is emptied first and the copy made again:
     the journal (already durable) holds everything the old file does, and an empty file is rebuilt
@@ -465,14 +487,16 @@ def _rebuild(path: Path, entries: list[dict]) -> None:
     tmp = path.with_name(f".{path.name}.rebuilt.{os.getpid()}")
     try:
         with h5py.File(tmp, "w", libver=LIBVER) as out:
+            _reserve(out, 2 * length + HEADROOM)
             _replay(entries, out)
+        _release(tmp)
         replace_durably(tmp, path)
     except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
         if os_reason(e) == "no space left on device" and path.exists() and path.stat().st_size:
             log.warning("results %s: no room for its rebuilt copy beside it; emptied it first", path)
             os.truncate(path, 0)
-            return _rebuild(path, entries)
+            return _rebuild(path, entries, length)
         raise ResultsFileError(f"results {path}: cannot rebuild it from its journal ({os_reason(e)})") from None
 
 
@@ -480,6 +504,28 @@ def _table_counts(path: Path) -> str:
     probe = _probe(path)
     counts = probe[1] if probe else None
     return ", ".join(f"{name.lstrip('/')} {n}" for name, n in (counts or {}).items()) or "no tables"
+
+
+def _reserve(f: h5py.File, nbytes: int) -> None:
+    """Allocate the disk blocks of the `nbytes` after the end of `f` (beyond its size, which stays),
+    before HDF5 writes into them: an OSError (a full disk) here leaves the file as its last flush
+    did. HDF5 itself cannot survive a failed write: its metadata cache is left mid-flush, every
+    later flush and close of the file fails, and a dataset whose close failed is freed yet stays
+    registered, so the next close of it (h5py dropping its handle, or HDF5's own at exit) crashes
+    the process (SIGSEGV). A file system that cannot allocate ahead (EOPNOTSUPP) is written without."""
+    fd = f.id.get_vfd_handle()
+    if _libc.fallocate(fd, FALLOC_FL_KEEP_SIZE, f.id.get_filesize(), nbytes) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise OSError(code, os.strerror(code))
+
+
+def _release(path: Path) -> None:
+    """Give back the blocks _reserve allocated beyond the end of a closed file (a file system frees
+    the blocks past a file's end only when it shrinks)."""
+    size = path.stat().st_size
+    os.truncate(path, size + 1)
+    os.truncate(path, size)
 
 
 def _open_for_append(path: Path) -> h5py.File:
