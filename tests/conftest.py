@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -154,3 +156,33 @@ def accepting(server: socket.socket) -> Iterator[list]:
         stop.set()
         thread.join()
         server.close()
+
+
+def mount_tmpfs(where: Path, size: str, *options: str) -> None:
+    """A small tmpfs at `where` (a full disk, a read-only one, for real); the test is skipped
+    where it cannot be mounted (not root, no mount permission)."""
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A 2 MB disk of its own, unmounted after the test."""
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk, "2m")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+@pytest.fixture
+def read_only(tmp_path) -> Iterator[Path]:
+    """A read-only disk of its own, unmounted after the test."""
+    where = tmp_path / "ro"
+    mount_tmpfs(where, "64k", "ro")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)

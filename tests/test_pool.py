@@ -239,16 +239,6 @@ def _fill_once_streaming(proc: subprocess.Popen, out: Path) -> list[str]:
     return before
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    from tests.test_results_journal import _mount_tmpfs
-
-    disk = tmp_path / "disk"
-    _mount_tmpfs(disk, "2m")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
 QUIET = ("-q",)   # mpirun without --enable-recovery passes rank 0's exit status on; -q: without its banner
 
 
@@ -260,23 +250,16 @@ def _one_error_line(log: str) -> str:
 
 
 @pytest.mark.slow
-def test_a_read_only_out_is_one_error_line_and_exit_2_from_the_pool(tmp_path):
-    from tests.test_results_journal import _mount_tmpfs
-
-    read_only = tmp_path / "ro"
-    _mount_tmpfs(read_only, "64k", "ro")
-    try:
-        tasks, solutions = _suite(tmp_path, 1)
-        proc = _pool(2, tasks, solutions, read_only / "r.h5", tmp_path / "cache", "--status-file",
-                     str(tmp_path / "status.json"), launch=QUIET, work=tmp_path)
-        log = _finish(proc, timeout=300)
-        assert proc.returncode == 2, log
-        assert _one_error_line(log) == f"error: results {read_only / 'r.h5'}: cannot write (read-only file system)"
-        assert json.loads((tmp_path / "status.json").read_text()) == \
-            {"items": 0, "finished": 0, "unfinished": 0, "error": f"results {read_only / 'r.h5'}: cannot write "
-                                                                  "(read-only file system)"}
-    finally:
-        subprocess.run(["umount", "-l", str(read_only)], check=True)
+def test_a_read_only_out_is_one_error_line_and_exit_2_from_the_pool(tmp_path, read_only):
+    tasks, solutions = _suite(tmp_path, 1)
+    proc = _pool(2, tasks, solutions, read_only / "r.h5", tmp_path / "cache", "--status-file",
+                 str(tmp_path / "status.json"), launch=QUIET, work=tmp_path)
+    log = _finish(proc, timeout=300)
+    assert proc.returncode == 2, log
+    assert _one_error_line(log) == f"error: results {read_only / 'r.h5'}: cannot write (read-only file system)"
+    assert json.loads((tmp_path / "status.json").read_text()) == \
+        {"items": 0, "finished": 0, "unfinished": 0, "error": f"results {read_only / 'r.h5'}: cannot write "
+                                                              "(read-only file system)"}
 
 
 @pytest.mark.slow

@@ -277,24 +277,6 @@ def test_a_kill_at_any_write_keeps_every_finished_record_once(tmp_path):
                       [first_mark] * total))
 
 
-def _mount_tmpfs(where: Path, size: str, *options: str) -> None:
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    disk = tmp_path / "disk"
-    _mount_tmpfs(disk, "2m")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
 @pytest.mark.slow
 def test_a_full_disk_is_one_clear_error_and_the_file_resumes_once_space_is_freed(small_disk):
     path = small_disk / "r.h5"
@@ -379,14 +361,6 @@ def test_a_writer_process_stays_sound_after_a_full_disk(small_disk, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = [int(line.split()[1]) for line in proc.stdout.splitlines()]
     assert len(counts) == 32 and counts[0] > counts[-1] == 0, proc.stdout   # full at every stage, down to none
-
-
-@pytest.fixture
-def read_only(tmp_path):
-    where = tmp_path / "ro"
-    _mount_tmpfs(where, "64k", "ro")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 @pytest.mark.slow
