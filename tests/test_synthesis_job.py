@@ -169,10 +169,12 @@ def test_validate_checks_a_datasets_tasks_at_a_scale_and_keeps_their_names(tmp_p
     dataset.mkdir(parents=True)
     rows = [{"code": GOOD, "ops": ["nn.Linear", "torch.relu"], "data_source": "hpc-synthesis",
              "task_id": "level2/000003_Linear_ReLU"},
-            {"code": PLANTED["too_slow"][0], "ops": ["torch.matmul", "torch.matmul"], "data_source": "hpc-synthesis",
-             "task_id": "level2/000007_Matmul_Matmul"}]
+            {"code": PLANTED["too_fast"][0], "ops": ["torch.tanh"], "data_source": "hpc-synthesis",
+             "task_id": "level1/000007_Tanh"}]
     (dataset / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.01, 300.0]},
+    # too_fast (a tanh of 8 values, microseconds) is out of the window whatever the machine's load;
+    # a task too slow by a fixed margin is not (a 1536^3 matmul took 0.1-2 s across loads)
+    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.3, 1000.0]},
                                 "eval": {"timing": {"warmup": 1, "iterations": 5}}})
     run = tmp_path / "validated"
     proc = _synthesize("--out", run, "--validate", dataset, "--scale", "cpu", "--executor", "local", "--config", config,
@@ -182,9 +184,9 @@ def test_validate_checks_a_datasets_tasks_at_a_scale_and_keeps_their_names(tmp_p
     out = run / "dataset"
     assert [str(p.relative_to(out)) for p in out.rglob("*.py")] == ["level2/000003_Linear_ReLU.py"], log
     records = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-    assert [r["task_id"] for r in records] == ["level2/000003_Linear_ReLU"] and 0.01 < records[0]["eager_ms"] < 300
+    assert [r["task_id"] for r in records] == ["level2/000003_Linear_ReLU"] and 0.3 < records[0]["eager_ms"] < 1000
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["rejections"][0]["filter"] == "runtime" and stats["rejections"][0]["kind"] == "too slow"
+    assert stats["rejections"][0]["filter"] == "runtime" and stats["rejections"][0]["kind"] == "too fast"
     entered = {f["name"]: f["entered"] for f in stats["filters"]}
     assert entered["runtime"] == 2 and entered["contaminated"] == entered["duplicate"] == entered["compile"] == 0
     assert stats["scale"] == "cpu"
@@ -207,7 +209,9 @@ def test_template_validates_a_dataset_and_names_a_missing_source(slurm, tmp_path
     dataset.mkdir(parents=True)
     (dataset / "manifest.jsonl").write_text(json.dumps({"code": GOOD, "ops": ["nn.Linear", "torch.relu"],
                                                         "task_id": "level2/000003_Linear_ReLU"}) + "\n")
-    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.01, 300.0]},
+    # too_fast (a tanh of 8 values, microseconds) is out of the window whatever the machine's load;
+    # a task too slow by a fixed margin is not (a 1536^3 matmul took 0.1-2 s across loads)
+    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.3, 1000.0]},
                                 "eval": {"timing": {"warmup": 1, "iterations": 5}}})
     run = tmp_path / "validated"
     env = {"HPC_OUT": str(run), "HPC_VALIDATE": str(dataset), "HPC_BACKEND": "cpu", "HPC_PYTHON": sys.executable,
