@@ -130,12 +130,16 @@ def test_libc_clock_rewritten_in_memory_changes_nothing(config, honest_vs_eager)
     _paid_by_real_time(rec, honest_vs_eager)
 
 
-def test_inputs_predicted_from_the_init_seed_never_come(tmp_path, config):
+def test_inputs_predicted_from_the_init_seed_never_come(tmp_path, config, monkeypatch):
     """predicted_inputs was paid 31x (reward 3; `hpc eval` of this folder on the previous protocol)
     when every input derived from the init seed it can read: it answers from a table of predicted
     inputs. Drawn on their own, no input is in its table: it is paid as its twin without the table.
     Each is compared by its ratio to eager timed in its own window, as the reward compares it: the
-    two evaluations run apart, and a loaded machine slows one of them as a whole."""
+    two evaluations run apart, and a loaded machine slows one of them as a whole. One OpenMP thread
+    a program (the sandbox passes OMP_NUM_THREADS on): with torch's two, eager spun against the other
+    test worker's processes and read 11.96 ms in one evaluation and 0.43 in the other (a clean-clone
+    run of the suite on 2 cores), which says nothing of the attack."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     twin = tmp_path / "twin"
     shutil.copytree(HACKS / "predicted_inputs", twin)
     model = twin / "model_new.py"
