@@ -56,21 +56,29 @@ def test_reward_pool_template_evaluates_a_suite(slurm, tmp_path, cache_dir):
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
 
 
+def _pool_job_streaming(tmp_path: Path, cache_dir: Path, pool_args: str, env: dict[str, str],
+                        ntasks: int) -> tuple[str, Path]:
+    """reward_pool.sbatch on 6 ReLU tasks with `pool_args` and `env`, submitted; returns (job id,
+    results file) once the first record is in it, so a rank can be killed mid-run."""
+    tasks, solutions = _suite(tmp_path, 6)
+    out = tmp_path / "pool.h5"
+    config = plumbing_config(tmp_path)
+    env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
+           "HPC_POOL_ARGS": f"--iterations 10 {pool_args} --config {config}", "HPC_PYTHON": sys.executable,
+           "HPC_CACHE_DIR": str(cache_dir), **env}
+    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, env, f"--ntasks={ntasks}", "--export=ALL")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (out.exists() and read_records(out)):
+        time.sleep(0.5)
+    return job, out
+
+
 def test_reward_pool_under_srun_pmix_survives_a_killed_worker_rank(slurm, tmp_path, cache_dir):
     """1 coordinator + 3 workers through srun --mpi=pmix; rank 2 is SIGKILLed once results stream.
 
     Slurm's pmix plugin then kills the whole step; the template starts it again, and the restarted
     pool evaluates only what is missing: every record exactly once, none lost."""
-    tasks, solutions = _suite(tmp_path, 6)
-    out = tmp_path / "pool.h5"
-    config = plumbing_config(tmp_path)
-    env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
-           "HPC_POOL_ARGS": f"--iterations 10 --dead-after 6 --config {config}", "HPC_PYTHON": sys.executable,
-           "HPC_CACHE_DIR": str(cache_dir)}
-    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, env, "--ntasks=4", "--export=ALL")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (out.exists() and read_records(out)):
-        time.sleep(0.5)
+    job, out = _pool_job_streaming(tmp_path, cache_dir, "--dead-after 6", {}, ntasks=4)
     victim = process_with(b"hpc.pool", f"SLURM_JOB_ID={job}", "SLURM_PROCID=2")
     assert victim is not None, "pool finished (or never started) before a rank could be killed"
     os.kill(victim, signal.SIGKILL)
@@ -88,17 +96,10 @@ def test_reward_pool_under_mpirun_ends_with_a_killed_coordinator_and_the_templat
     """HPC_LAUNCHER=mpirun (mpirun --enable-recovery): rank 0 is SIGKILLed once results stream. Its
     workers hear nothing, leave, and the step ends (mpirun exits 0 all the same); the pool wrote no
     status, so the template starts it again, and the restarted pool evaluates only what is missing."""
-    tasks, solutions = _suite(tmp_path, 6)
-    out = tmp_path / "pool.h5"
-    config = plumbing_config(tmp_path)
-    env = {"HPC_TASKS": str(tasks), "HPC_CANDIDATES": str(solutions), "HPC_OUT": str(out), "HPC_BACKEND": "cpu",
-           "HPC_POOL_ARGS": f"--iterations 10 --coordinator-silent 5 --config {config}", "HPC_PYTHON": sys.executable,
-           "HPC_CACHE_DIR": str(cache_dir), "HPC_LAUNCHER": "mpirun", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    job = sbatch(TEMPLATES / "reward_pool.sbatch", tmp_path, env, "--ntasks=3", "--export=ALL")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not (out.exists() and read_records(out)):
-        time.sleep(0.5)
+    job, out = _pool_job_streaming(tmp_path, cache_dir, "--coordinator-silent 5",
+                                   {"HPC_LAUNCHER": "mpirun", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"},
+                                   ntasks=3)
     victim = process_with(b"hpc.pool", f"SLURM_JOB_ID={job}", "OMPI_COMM_WORLD_RANK=0")
     assert victim is not None, "pool finished (or never started) before its coordinator could be killed"
     before = [r.task_id for r in read_records(out)]
