@@ -88,9 +88,34 @@ def differing_picks(keeps: list[Path]) -> list[str]:
 
 def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
-    speedup vs eager, calls a frame)}."""
+    speedup vs eager, calls a frame, compile ms / candidate ms)}: the speedups as the record has
+    them (round by round from version 7), and the ratio of the whole window's medians beside."""
     return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms,
-                        r.speedup_eager, json.loads(r.seeds or "{}").get("burst", "")) for r in read_records(path)}
+                        r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""), r.compile_ms / r.candidate_ms)
+            for r in read_records(path)}
+
+
+def estimators(runs: list[dict[str, tuple]], tasks: list[str]) -> list[str]:
+    """The vs-compile speedup's spread over the runs read two ways from the same windows: round by
+    round (the record's, hpc.profile.window.paired_ratio) and as the ratio of the whole window's
+    medians (the reward's before schema version 7)."""
+    lines = ["| task | round by round: per run (spread from median) | ratio of medians: per run (spread) |",
+             "|---|---|---|"]
+    within = [0, 0]
+    for task in tasks:
+        rows = [run[task] for run in runs if task in run and run[task][2] == "ok"]
+        if len(rows) < len(runs):
+            continue
+        cells = []
+        for k, i in enumerate((1, 9)):
+            xs = [r[i] for r in rows]
+            spread = max(abs(x / statistics.median(xs) - 1) for x in xs)
+            within[k] += spread <= 0.03
+            cells.append(" / ".join(f"{x:.3f}" for x in xs) + f" ({100 * spread:.1f}%)")
+        lines.append(f"| {task} | {cells[0]} | {cells[1]} |")
+    lines.append(f"within 3% of the median: round by round {within[0]}/{len(tasks)}, "
+                 f"ratio of medians {within[1]}/{len(tasks)}")
+    return lines
 
 
 def co_movement(runs: list[dict[str, tuple]], under_ms: float = 1.0) -> list[str]:
@@ -166,7 +191,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 5)) for run in runs]
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 7)) for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
         ok = all(r[2] == "ok" for r in rows)
@@ -207,6 +232,9 @@ def main() -> int:
           f"{geomean([m[4] for m in medians.values()]):.2f}x vs torch.compile, "
           f"{geomean([m[3] for m in medians.values()]):.2f}x vs eager")
     for line in co_movement(runs):
+        print(line)
+    print()
+    for line in estimators(runs, tasks):
         print(line)
     print(f"torch.compile kernels whose autotuned launch config differs between runs: {len(picks)}")
     for line in picks:

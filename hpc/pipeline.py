@@ -35,8 +35,8 @@ from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver, graph_replays
 from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
-from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, record_graphs, run_window,
-                                timed_by)
+from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, paired_ratio, record_graphs,
+                                run_window, timed_by)
 from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
@@ -139,8 +139,6 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
             return
         clock.mark("cost")
     clock.mark("shutdown")
-    rec.speedup_eager = rec.eager_ms / rec.candidate_ms
-    rec.speedup_compile = rec.compile_ms / rec.candidate_ms
     rec.reward = compute_reward(True, rec.speedup_eager, rec.speedup_compile, cfg.reward)
 
 
@@ -328,13 +326,17 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         rec.fail("profile", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
                             f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
-    eager = TimingStats.of(figures_ms(window.times_ns["eager"], overhead_ns))
-    compiled = [TimingStats.of(figures_ms(window.times_ns[p], overhead_ns)) for p in programs
-                if p.startswith("compile")]
+    rec.eager_times_ms = figures_ms(window.times_ns["eager"], overhead_ns)
+    eager = TimingStats.of(rec.eager_times_ms)
     rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
+    rounds = cfg.timing.rounds
+    rec.speedup_eager = paired_ratio(rec.eager_times_ms, times, rounds)
+    compiled = [figures_ms(window.times_ns[p], overhead_ns) for p in programs if p.startswith("compile")]
     if compiled:   # none when baseline.compile_modes is empty: compile_ms stays NaN, and so does the speedup
-        fastest = min(compiled, key=lambda st: st.median_ms)
+        rec.compile_times_ms = min(compiled, key=lambda figs: paired_ratio(figs, times, rounds))
+        fastest = TimingStats.of(rec.compile_times_ms)
         rec.compile_ms, rec.compile_cv = fastest.median_ms, fastest.cv
+        rec.speedup_compile = paired_ratio(rec.compile_times_ms, times, rounds)
     rec.baseline_cached = False
     return True
 

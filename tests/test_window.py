@@ -5,12 +5,14 @@ scheduling is what is under test; real drivers run it in every evaluation test.)
 from __future__ import annotations
 
 import random
+import statistics
 import subprocess
 
 import pytest
 
 from hpc.profile.timing import Call, Failure, LoopResult, timing_calls
-from hpc.profile.window import Entrant, EntrantError, chunks, handshake_ns, record_graphs, run_window, timed_by
+from hpc.profile.window import (Entrant, EntrantError, chunks, handshake_ns, paired_ratio, record_graphs, round_spans,
+                               run_window, timed_by)
 from hpc.sandbox.messages import CaptureReply
 from hpc.sandbox.process import SandboxError
 
@@ -67,6 +69,32 @@ def test_chunks_never_split_a_frame():
     assert [len(p) for p in parts] == [9, 6, 6]
     assert all(not p[0].follows for p in parts)
     assert [c for p in parts for c in p] == calls
+
+
+def test_round_spans_are_the_frames_chunks_gives_each_round():
+    calls = timing_calls(list(range(23)), 0, set(), burst=2)
+    spans = round_spans(23, 5)
+    assert spans == [(0, 5), (5, 10), (10, 15), (15, 19), (19, 23)]
+    assert [len(p) // 2 for p in chunks(calls, 5)] == [b - a for a, b in spans]
+
+
+def test_a_speedup_is_read_round_by_round_so_a_state_that_changes_between_programs_divides_out():
+    """The device runs fast or 1.25x slow for a few rounds at a time; in round 5 it turns fast after
+    the candidate's frames and before the baseline's. The candidate then has 60 slow frames of 100,
+    the baseline 50: their whole-window medians fall in different states, and their ratio reads
+    1.08 where the baseline is 1.2x the candidate's time in every state. Round by round it is 1.2."""
+    state = [1.25] * 5 + [None] + [1.0] * 4
+    candidate = [(1.25 if s is None else s) * 1.0 for s in state for _ in range(10)]
+    baseline = [(1.0 if s is None else s) * 1.2 for s in state for _ in range(10)]
+    assert statistics.median(baseline) / statistics.median(candidate) == pytest.approx(1.08)
+    assert paired_ratio(baseline, candidate, 10) == pytest.approx(1.2)
+    assert paired_ratio(candidate, baseline, 10) == pytest.approx(1 / 1.2)
+
+
+def test_a_speedup_takes_uneven_rounds_and_skips_rounds_one_program_lacks():
+    assert paired_ratio([2.0] * 23, [1.0] * 23, 5) == pytest.approx(2.0)
+    assert paired_ratio([3.0] * 3, [1.0] * 7, 5) == pytest.approx(3.0)   # rounds 3, 4: no numerator figure
+    assert paired_ratio([], [1.0], 10) != paired_ratio([], [1.0], 10)    # NaN
 
 
 def test_every_round_runs_a_share_of_every_entrant_in_an_order_drawn_for_it():

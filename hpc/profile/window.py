@@ -67,17 +67,41 @@ class Window:
     failure: Failure | None = None                                 # its failure; call indexes its warmup + timed
 
 
-def chunks(calls: list[Call], rounds: int) -> list[list[Call]]:
-    """`calls` cut into `rounds` runs of consecutive whole frames, their frame counts differing by
-    at most one."""
-    spans = frames(calls)
-    size, extra = divmod(len(spans), rounds)
+def round_spans(frames_count: int, rounds: int) -> list[tuple[int, int]]:
+    """The (start, end) of each round's frames among `frames_count` timed frames: consecutive runs
+    whose lengths differ by at most one, the longer ones first. A program's figures (one per timed
+    frame, in order) fall into its rounds by these spans."""
+    size, extra = divmod(frames_count, rounds)
     out, start = [], 0
     for r in range(rounds):
         end = start + size + (r < extra)
-        out.append(calls[spans[start][0]:spans[end - 1][1]] if end > start else [])
+        out.append((start, end))
         start = end
     return out
+
+
+def chunks(calls: list[Call], rounds: int) -> list[list[Call]]:
+    """`calls` cut into `rounds` runs of consecutive whole frames (round_spans)."""
+    spans = frames(calls)
+    return [calls[spans[start][0]:spans[end - 1][1]] if end > start else []
+            for start, end in round_spans(len(spans), rounds)]
+
+
+def paired_ratio(numerator_ms: list[float], denominator_ms: list[float], rounds: int) -> float:
+    """How many times longer the numerator's calls take than the denominator's, read round by
+    round: in each round of the window, the ratio of the two programs' medians in that round; the
+    figure is the median of those ratios. Both programs ran in every round, seconds apart, so
+    whatever slows the device or host for a while (a clock or memory state that holds
+    for a few rounds, load beside) divides out of each round's ratio, where a ratio of whole-window
+    medians keeps it whenever the two programs' frames met it in different shares. NaN when no
+    round has figures of both."""
+    ratios = []
+    for (a, b), (c, d) in zip(round_spans(len(numerator_ms), rounds), round_spans(len(denominator_ms), rounds)):
+        if b > a and d > c:
+            den = statistics.median(denominator_ms[c:d])
+            if den > 0:
+                ratios.append(statistics.median(numerator_ms[a:b]) / den)
+    return statistics.median(ratios) if ratios else float("nan")
 
 
 def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Window:

@@ -112,11 +112,20 @@ class EvalRecord:
                                      "`timed_by` (`graph replays` or `calls`; from protocol `outside-4`) and, when a "
                                      "cuda window was timed by calls, `graphs_refused` (why); the same for every "
                                      "program since they are timed in one window", json=True, added_in=4)
-    speedup_eager: float = column(math.nan, "1", "eager_ms / candidate_ms")
-    speedup_compile: float = column(math.nan, "1", "compile_ms / candidate_ms")
+    speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: in each of the "
+                                                 "window's rounds, eager's median over the candidate's (from "
+                                                 "`eager_times_ms` and `candidate_times_ms`), and the median of "
+                                                 "those (from version 7; before, eager_ms / candidate_ms)")
+    speedup_compile: float = column(math.nan, "1", "the same against torch.compile's fastest mode "
+                                                   "(`compile_times_ms`; from version 7, before compile_ms / "
+                                                   "candidate_ms)")
     reward: float = column(math.nan, "1", "the reward (hpc/reward.py); NaN when status is `error`")
     reward_kind: str = column("", "", "`discrete` or `continuous`")
-    candidate_times_ms: list[float] = column([], "ms", "every timed call of the candidate")
+    candidate_times_ms: list[float] = column([], "ms", "every timed frame's figure per call of the candidate, in "
+                                                       "the order timed: the window's rounds (`timing.rounds`) hold "
+                                                       "consecutive runs of them, of lengths differing by at most one")
+    eager_times_ms: list[float] = column([], "ms", "the same for eager", added_in=7)
+    compile_times_ms: list[float] = column([], "ms", "the same for torch.compile's fastest mode", added_in=7)
     timestamp: float = column(0.0, "s", "Unix time the evaluation started (seconds since 1970-01-01 UTC)")
     wall_seconds: float = column(0.0, "s", "the whole evaluation's wall time")
     stage_seconds: str = column("", "s", "wall seconds of each stage the evaluation went through, up to the one that "
@@ -148,10 +157,13 @@ class EvalRecord:
                "speedup_eager": _num(self.speedup_eager), "speedup_compile": _num(self.speedup_compile),
                "reason": self.reason}
         for f in dataclasses.fields(self):
-            if f.name not in out and f.name not in ("candidate_source", "candidate_times_ms", "config"):
+            if f.name not in out and f.name not in BULKY:
                 value = getattr(self, f.name)
                 out[f.name] = _num(value) if isinstance(value, float) else value
         return out
+
+
+BULKY = ("candidate_source", "candidate_times_ms", "eager_times_ms", "compile_times_ms", "config")   # not in summary()
 
 
 def _check(name: str, value: object, allowed: tuple[str, ...]) -> None:
