@@ -193,6 +193,7 @@ def test_validate_checks_a_datasets_tasks_at_a_scale_and_keeps_their_names(tmp_p
     assert [(r["filter"], r["kind"]) for r in stats["rejections"]] == [("memory", "too much memory"),
                                                                       ("runtime", "too fast")]
     assert stats["quality"]["peak_mib"]["max"] == records[0]["peak_mib"]
+    assert f"| task | peak memory MiB at the cpu scale | {records[0]['peak_mib']:.4g} |" in (out / "report.md").read_text()
     peaks = {r["task_id"]: r["peak_mib"] for r in read_manifest(out / "manifest.h5")[0]}
     assert peaks["level2/000003_Linear_ReLU"] == records[0]["peak_mib"] and peaks["level2/000009_Mul_Sum"] >= 128
     entered = {f["name"]: f["entered"] for f in stats["filters"]}
