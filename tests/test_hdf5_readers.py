@@ -139,7 +139,7 @@ def test_every_dataset_of_every_kind_of_file_says_what_it_holds_and_in_what_unit
               "kind": "", "reason": "", "ops": ["F.relu"], "data_source": "hpc-synthesis", "family": "matrix",
               "categories": ["activation"], "code": "print(1)", "ast_hash": "ab", "signature": {"inputs": []},
               "outputs": [{"shape": [4], "mean": 0.5, "std": 0.3, "variation": 0.375}], "eager_ms": 1.5,
-              "seconds": {"load": 0.1}, "ran": ["load"]}
+              "peak_mib": 12.5, "seconds": {"load": 0.1}, "ran": ["load"]}
     write_manifest(tmp_path, [record], ("load",), {"seed": 0, "count": 1, "source": "composer", "backend": "cpu",
                                                   "scale": "cpu", "shards": 1}, {})
     for path in (_results_file(tmp_path / "r.h5"), train, samples, tmp_path / "manifest.h5"):

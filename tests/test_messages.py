@@ -12,7 +12,7 @@ import pytest
 from hpc.profile.timing import Failure
 from hpc.sandbox.exchange import HEADER_BYTES, read_failure, write_failure
 from hpc.sandbox.messages import (CANDIDATE_KINDS, WORKER_KINDS, Attach, Check, Cost, Exit, FailureKind, Load,
-                                  LoadReply, Ok, Outputs, Prepare, ProgramSetup, Ready, ReferenceSetup, Repeatable, Run, Serve, ServeReply,
+                                  LoadReply, Ok, Outputs, OutputsReply, Prepare, ProgramSetup, Ready, ReferenceSetup, Repeatable, Run, Serve, ServeReply,
                                   decode, decode_request)
 from hpc.sandbox.process import SandboxError, checked_reply
 
@@ -113,6 +113,21 @@ def test_a_reply_keeps_its_values_and_a_float_may_arrive_as_an_int():
     assert failure == Failure(FailureKind.CORRECTNESS, "outside atol", 3)
     with pytest.raises(ValueError):
         decode(Failure, {"kind": "bogus", "reason": "x"})
+
+
+@pytest.mark.parametrize("reply, words", [
+    ({"outputs": []}, "OutputsReply: no peak_bytes"),
+    ({"outputs": [], "peak_bytes": 1.5}, "OutputsReply.peak_bytes: expected int, got float"),
+    ({"outputs": [], "peak_bytes": True}, "OutputsReply.peak_bytes: expected int, got bool"),
+    ({"outputs": [], "peak_bytes": -1}, "OutputsReply.peak_bytes: must be >= 0, got -1"),
+])
+def test_a_reference_reports_its_peak_memory_as_bytes(reply, words):
+    """The synthesis memory filter bounds what the reference reports: a count of bytes, never
+    missing, fractional or negative."""
+    with pytest.raises(SandboxError) as err:
+        checked_reply(reply, OutputsReply, "reference")
+    assert err.value.kind == FailureKind.ERROR and words in err.value.reason
+    assert checked_reply({"outputs": [], "peak_bytes": 0}, OutputsReply, "reference") == OutputsReply([], 0)
 
 
 @pytest.mark.parametrize("kind", [FailureKind.HARNESS, FailureKind.TASK])

@@ -284,13 +284,34 @@ def test_planted_bad_tasks_are_rejected_by_the_right_filter_and_a_good_one_passe
         assert v.ran[0] == "load" and (expected_filter or "compile") in v.ran, (name, v.ran)
     good = results["good"]
     assert good.ran == ["load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "variation",
-                        "structure", "runtime", "compile"]
+                        "structure", "memory", "runtime", "compile"]
     assert good.outputs[0]["shape"] == [256, 512] and good.outputs[0]["variation"] > 0.3
     assert (results["nearly_constant"].kind, results["upsampled_length_1"].kind) == ("nearly constant",
                                                                                     "broadcast along an axis")
     assert results["too_slow"].kind == "too slow" and results["eager_error"].kind == "RuntimeError"
     assert 0.3 <= good.eager_ms <= 40.0 and good.signature == ["linear", "relu"]
     assert results["too_fast"].eager_ms < 0.3 < 40.0 < results["too_slow"].eager_ms
+
+
+# a 64 x 512 x 1024 float32 intermediate: 128 MiB in the eager run, for an output of 128 KiB
+HEAVY = _task("        return (x.unsqueeze(-1) * self.ones).sum(dim=-1)", "        self.ones = torch.ones(1024)",
+              sizes="batch_size = 64\ndim = 512")
+
+
+def test_a_task_whose_eager_run_needs_too_much_memory_is_rejected(tmp_path, cache_dir):
+    """The reference worker reports the eager run's peak (here the growth of its resident set):
+    a task whose intermediate alone is 128 MiB is over a 32 MiB bound, an ordinary one (~10 MiB)
+    is not; skipped, the filter lets the first through, its peak still recorded."""
+    cfg = _filter_config(cache_dir, tmp_path, skip=["runtime", "compile"], max_memory_mib_cpu=32)
+    chain = FilterChain(cfg)
+    heavy, good = chain.check(0, HEAVY, "heavy"), chain.check(1, GOOD, "good")
+    assert (heavy.filter, heavy.kind) == ("memory", "too much memory"), heavy
+    assert re.fullmatch(r"peak memory \d+\.\d MiB > 32 MiB \(cpu scale\)", heavy.reason), heavy.reason
+    assert heavy.peak_mib >= 128, heavy
+    assert good.accepted and 0 < good.peak_mib < 32 and good.ran[-2:] == ["structure", "memory"], good
+    cfg.filters.skip.append("memory")
+    again = FilterChain(cfg).check(0, HEAVY, "heavy")
+    assert again.accepted and "memory" not in again.ran and again.peak_mib >= 128, again
 
 
 def test_a_repeat_is_told_from_values_that_repeat_within_rows():
@@ -589,6 +610,9 @@ def test_parquet_without_pyarrow_is_a_one_line_error(tmp_path):
     ("filters:\n  skip: [load]\n", "config filters.skip[]: expected one of"),
     ("filters:\n  min_variation: 1.5\n", "config filters.min_variation: must be in [0, 1), got 1.5"),
     ("filters:\n  min_slice_change: -0.1\n", "config filters.min_slice_change: must be in [0, 1], got -0.1"),
+    ("filters:\n  max_memory_mib_gpu: 0\n", "config filters.max_memory_mib_gpu: must be > 0, got 0"),
+    ("filters:\n  max_memory_mib_cpu: -5\n", "config filters.max_memory_mib_cpu: must be > 0, got -5"),
+    ("filters:\n  max_memory_mib_cpu: 1.5\n", "config filters.max_memory_mib_cpu: expected int"),
     ("workers: two\n", "config workers: expected int"),
 ])
 def test_a_bad_config_is_a_one_line_error_naming_the_key(tmp_path, text, message):

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from hpc.synthesis.manifest import read_manifest
 from hpc.synthesis.shards import read_shard
 from tests.conftest import ROOT
 from tests.test_slurm_templates import TEMPLATES, sbatch, wait_for_job
@@ -161,20 +162,22 @@ def test_a_corrupt_shard_is_one_line_and_exit_2(tmp_path, cache_dir):
 def test_validate_checks_a_datasets_tasks_at_a_scale_and_keeps_their_names(tmp_path, cache_dir):
     """--validate DATASET runs the dataset's tasks through the filters that run a task, at the
     scale asked (here the CPU path: on a GPU node the default is --backend cuda --scale gpu, the
-    1-100 ms window), keeps their names, and skips what made the dataset (contaminated,
-    duplicate, compile)."""
-    from tests.test_synthesis import GOOD, PLANTED
+    1-100 ms window, 16 GiB), keeps their names, and skips what made the dataset (contaminated,
+    duplicate, compile); the manifest records each accepted task's peak memory."""
+    from tests.test_synthesis import GOOD, HEAVY, PLANTED
 
     dataset = tmp_path / "made" / "dataset"
     dataset.mkdir(parents=True)
     rows = [{"code": GOOD, "ops": ["nn.Linear", "torch.relu"], "data_source": "hpc-synthesis",
              "task_id": "level2/000003_Linear_ReLU"},
             {"code": PLANTED["too_fast"][0], "ops": ["torch.tanh"], "data_source": "hpc-synthesis",
-             "task_id": "level1/000007_Tanh"}]
+             "task_id": "level1/000007_Tanh"},
+            {"code": HEAVY, "ops": ["torch.mul", "torch.sum"], "data_source": "hpc-synthesis",
+             "task_id": "level2/000009_Mul_Sum"}]
     (dataset / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # too_fast (a tanh of 8 values, microseconds) is out of the window whatever the machine's load;
     # a task too slow by a fixed margin is not (a 1536^3 matmul took 0.1-2 s across loads)
-    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.3, 1000.0]},
+    config = _config(tmp_path, {"filters": {"runtime_ms_cpu": [0.3, 1000.0], "max_memory_mib_cpu": 32},
                                 "eval": {"timing": {"warmup": 1, "iterations": 5}}})
     run = tmp_path / "validated"
     proc = _synthesize("--out", run, "--validate", dataset, "--scale", "cpu", "--executor", "local", "--config", config,
@@ -185,10 +188,17 @@ def test_validate_checks_a_datasets_tasks_at_a_scale_and_keeps_their_names(tmp_p
     assert [str(p.relative_to(out)) for p in out.rglob("*.py")] == ["level2/000003_Linear_ReLU.py"], log
     records = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in records] == ["level2/000003_Linear_ReLU"] and 0.3 < records[0]["eager_ms"] < 1000
+    assert 0 < records[0]["peak_mib"] < 32
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["rejections"][0]["filter"] == "runtime" and stats["rejections"][0]["kind"] == "too fast"
+    assert [(r["filter"], r["kind"]) for r in stats["rejections"]] == [("memory", "too much memory"),
+                                                                      ("runtime", "too fast")]
+    assert stats["quality"]["peak_mib"]["max"] == records[0]["peak_mib"]
+    assert f"| task | peak memory MiB at the cpu scale | {records[0]['peak_mib']:.4g} |" in (out / "report.md").read_text()
+    peaks = {r["task_id"]: r["peak_mib"] for r in read_manifest(out / "manifest.h5")[0]}
+    assert peaks["level2/000003_Linear_ReLU"] == records[0]["peak_mib"] and peaks["level2/000009_Mul_Sum"] >= 128
     entered = {f["name"]: f["entered"] for f in stats["filters"]}
-    assert entered["runtime"] == 2 and entered["contaminated"] == entered["duplicate"] == entered["compile"] == 0
+    assert entered["memory"] == 3 and entered["runtime"] == 2
+    assert entered["contaminated"] == entered["duplicate"] == entered["compile"] == 0
     assert stats["scale"] == "cpu"
     for args, line in ((["--validate", dataset, "--from", dataset / "manifest.jsonl"],
                         "error: --validate: takes its tasks from the dataset; not with --from or --import-only"),

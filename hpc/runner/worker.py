@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import resource
 import sys
 import time
 from dataclasses import dataclass
@@ -91,6 +92,30 @@ def _views(buffer: torch.Tensor, layout: InputLayout) -> list:
     return out
 
 
+class PeakMemory:
+    """The peak memory of the task's eager run since it is made (before the Model is built, so its
+    parameters, inputs, intermediates and outputs count), for the synthesis memory filter: on cuda
+    the caching allocator's peak; on cpu the growth of the resident set's high-water mark. That
+    mark cannot be reset in the sandbox (writing /proc/self/clear_refs is refused), but in a fresh
+    worker it equals the resident set when the task is set up, so it rises with each page the
+    task's run touches beyond it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.start = self._resident_peak()
+
+    def bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return max(0, self._resident_peak() - self.start)
+
+    @staticmethod
+    def _resident_peak() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+
+
 class _Worker:
     def setup_task(self, req: ReferenceSetup | ProgramSetup) -> None:
         self.device = _device(req.device)
@@ -121,6 +146,7 @@ class ReferenceWorker(_Worker):
     def setup(self, req: ReferenceSetup) -> SetupReply:
         """Load the task, build the Model, and lay out one call's inputs and outputs from a sample."""
         self.setup_task(req)
+        self.peak = PeakMemory(self.device)
         try:
             self.model = init_model(self.task.Model, self.task, self.init_seed, self.device)
         except Exception as e:
@@ -250,9 +276,10 @@ class ReferenceWorker(_Worker):
 
     def outputs(self, req: Outputs) -> OutputsReply:
         """The Model's outputs for each trial (seed, distribution), on the host: for the synthesis
-        filters, which judge tasks, not candidates."""
-        return OutputsReply([[t.detach().to("cpu") for t in self._reference(self._make(t["seed"], t["distribution"]))]
-                             for t in req.trials])
+        filters, which judge tasks, not candidates; with the peak memory since the setup."""
+        outputs = [[t.detach().to("cpu") for t in self._reference(self._make(t["seed"], t["distribution"]))]
+                   for t in req.trials]
+        return OutputsReply(outputs, self.peak.bytes())
 
     def repeatable(self, req: Repeatable) -> RepeatableReply:
         """Whether two runs of the Model on the same inputs agree within the evaluator's tolerance."""

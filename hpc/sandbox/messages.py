@@ -202,6 +202,11 @@ class Cost(Request):
 @dataclass(frozen=True)
 class OutputsReply(Reply):
     outputs: list           # per trial, the Model's output tensors
+    peak_bytes: int         # the eager run's peak memory since the setup (hpc.runner.worker.PeakMemory)
+
+    def __post_init__(self):
+        if self.peak_bytes < 0:
+            raise ValueError(f"OutputsReply.peak_bytes: must be >= 0, got {self.peak_bytes}")
 
 
 @dataclass(frozen=True)

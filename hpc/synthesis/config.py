@@ -21,7 +21,7 @@ from hpc.synthesis.context import FAMILIES
 
 # The filter chain (hpc.synthesis.filters), in the order it runs: the names `filters.skip` may give.
 FILTERS = ("load", "stochastic", "contaminated", "duplicate", "eager", "finite", "constant", "variation", "structure",
-           "runtime", "compile")
+           "memory", "runtime", "compile")
 
 
 @dataclass
@@ -54,10 +54,17 @@ class FilterConfig:
     # a nearest upsample's, just under 0.5 passes, as does a running max, whose late slices often repeat).
     min_slice_change: float = 0.25
     signature_match: bool = True          # same operator sequence as a benchmark task: contaminated
+    # The bound on the eager run's peak memory (its parameters, inputs, intermediates, outputs), by
+    # the run's scale; measured on its backend: the GPU's allocator on cuda, the resident set on cpu.
+    max_memory_mib_gpu: int = 16384
+    max_memory_mib_cpu: int = 2048
 
     def window(self, scale: str) -> tuple[float, float]:
         lo, hi = self.runtime_ms_gpu if scale == "gpu" else self.runtime_ms_cpu
         return lo, hi
+
+    def max_memory_mib(self, scale: str) -> int:
+        return self.max_memory_mib_gpu if scale == "gpu" else self.max_memory_mib_cpu
 
 
 def _filter_eval_config() -> EvalConfig:
@@ -105,6 +112,9 @@ class SynthesisConfig:
             window = getattr(f, key)
             if len(window) != 2 or not 0 <= window[0] < window[1]:
                 raise ConfigError(f"config filters.{key}: expected [low, high] with 0 <= low < high, got {window}")
+        for key in ("max_memory_mib_gpu", "max_memory_mib_cpu"):
+            if getattr(f, key) <= 0:
+                raise ConfigError(f"config filters.{key}: must be > 0, got {getattr(f, key)}")
         if not 0 <= f.min_variation < 1:
             raise ConfigError(f"config filters.min_variation: must be in [0, 1), got {f.min_variation}")
         if not 0 <= f.min_slice_change <= 1:
@@ -165,7 +175,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate", metavar="DATASET",
                    help="check a synthesized dataset's tasks (DATASET/manifest.jsonl) at the scale training runs "
                         "them (default: --backend cuda, --scale gpu): the filters that run a task, with that "
-                        "scale's runtime window; contaminated, duplicate and compile skipped (done when it was made)")
+                        "scale's runtime window and memory bound; contaminated, duplicate and compile skipped (done when "
+                        "it was made)")
     p.add_argument("--benchmark", help="decontaminate against the problem files under this folder (e.g. KernelBench)")
     p.add_argument("--backend", choices=("cpu", "cuda"), help="where candidates run (default: config, cpu)")
     p.add_argument("--scale", choices=("cpu", "gpu"), help="problem size (default: the backend's own)")

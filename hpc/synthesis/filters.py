@@ -11,6 +11,7 @@ fails, with that filter's name and a reason (docs/synthesis.md has the table).
 - constant: outputs for two different inputs differ beyond the evaluator's tolerance;
 - variation: no output nearly constant relative to its scale (std / (|mean| + std));
 - structure: no output that repeats a smaller tensor along an axis (adjacent slices equal);
+- memory: the eager run's peak memory, as the reference worker reports it, within the scale's bound;
 - runtime: the eager median (the evaluator's timing protocol) inside the scale's window;
 - compile: torch.compile builds it and agrees with eager.
 
@@ -64,6 +65,7 @@ class Verdict:
     ast_hash: str = ""
     signature: list[str] = field(default_factory=list)
     eager_ms: float = math.nan
+    peak_mib: float = math.nan           # the eager run's peak memory (the reference worker's); NaN where it did not run
     outputs: list[dict] = field(default_factory=list)        # per output on the default inputs (output_stats)
     seconds: dict[str, float] = field(default_factory=dict)   # per filter that ran
     ran: list[str] = field(default_factory=list)              # filters that ran, in order of entry
@@ -241,7 +243,7 @@ class FilterChain:
         in its program process (the pair prestarted within `prestarted_workers`, as an
         evaluation's), compile in a process of its own (it writes the shared inductor cache, so
         none is started ahead for it). Skipping `eager` skips the reference's work, and with it
-        `finite`, `constant` and the dynamic half of `stochastic`, which read its outputs."""
+        `finite`, `constant`, `memory` and the dynamic half of `stochastic`, which read its replies."""
         if not {"eager", "runtime", "compile"} - self.skip:
             return
         task = load_task(path)
@@ -261,12 +263,14 @@ class FilterChain:
             self._compile(task, seed, expected, verdict)
 
     def _reference(self, task: Task, seed: int, verdict: Verdict, ref: SandboxedProcess) -> list:
-        """eager, finite, constant and the dynamic stochastic check, in the reference process `ref`;
-        one trial's outputs at a time (GPU-scale outputs are large). Returns the first trial's outputs."""
+        """eager, finite, constant, memory and the dynamic stochastic check, in the reference process
+        `ref`; one trial's outputs at a time (GPU-scale outputs are large). Returns the first trial's
+        outputs."""
         cfg = self.eval
         trials = [{"seed": seed + 1, "distribution": "default"}, {"seed": seed + 2, "distribution": "default"}]
         trials += [{"seed": seed + 1, "distribution": d} for d in cfg.correctness.distributions]
         kept: list[list] = []
+        peak_bytes = 0
         nonfinite, nonfinite_kind = "", ""
         for k, trial in enumerate(trials):
             t0 = self._enter("eager", verdict)
@@ -275,11 +279,13 @@ class FilterChain:
                     if k == 0:
                         ref.request(ReferenceSetup(str(harness_file(task.path, ref.workdir, "task.py")), cfg.scale,
                                                    seed, cfg.backend, probe_seed=seed + 1))
-                    outputs = ref.request(Outputs([trial])).outputs[0]
+                    reply = ref.request(Outputs([trial]))
             except SandboxError as e:
                 raise _Rejected("eager", _error_kind(e.reason), e.reason) from None
             finally:
                 self._timed("eager", verdict, t0)
+            outputs, peak_bytes = reply.outputs[0], max(peak_bytes, reply.peak_bytes)
+            del reply
             for i, out in enumerate(outputs):
                 if not isinstance(out, torch.Tensor):
                     raise _Rejected("eager", "not a tensor", f"output {i} is a {type(out).__name__}, not a tensor")
@@ -292,6 +298,7 @@ class FilterChain:
             if k < 2:
                 kept.append(outputs)
             del outputs
+        verdict.peak_mib = peak_bytes / (1 << 20)
         if "finite" not in self.skip:
             self._enter("finite", verdict)
             if nonfinite:
@@ -305,6 +312,12 @@ class FilterChain:
                 raise _Rejected("constant", "agree across inputs", "outputs for two different inputs agree within the evaluator's "
                                             "tolerance: a constant would pass")
         self._output_checks(kept[0], verdict)
+        if "memory" not in self.skip:
+            self._enter("memory", verdict)
+            bound = self.cfg.filters.max_memory_mib(cfg.scale)
+            if verdict.peak_mib > bound:
+                raise _Rejected("memory", "too much memory", f"peak memory {verdict.peak_mib:.1f} MiB > {bound} MiB "
+                                                             f"({cfg.scale} scale)")
         if "stochastic" not in self.skip:
             t0 = self._enter("stochastic", verdict)
             try:

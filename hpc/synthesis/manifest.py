@@ -3,15 +3,15 @@
 Written by the merge into the dataset folder:
 
 - `manifest.jsonl`: one line per accepted task, Ops-6K's fields first (`code`, `ops`,
-  `data_source`), then ours (`task_id`, `path`, `index`, `level`, `eager_ms`, `ast_hash`,
-  `signature`);
+  `data_source`), then ours (`task_id`, `path`, `index`, `level`, `eager_ms`, `peak_mib`,
+  `ast_hash`, `signature`);
 - `manifest.h5`: group `candidates` (one row per candidate, accepted or not, with the filter that
   rejected it and why) and group `filters` (per filter: entered, rejected, passed, seconds), file
   attributes naming the run (docs/synthesis.md has the layout);
 - `stats.json`: the same statistics as JSON, with the quality report's figures (`quality`);
 - `report.md`: the quality report: per-filter table, rejections by filter and kind, the accepted
   tasks' op mix (families, categories, first operators, composition lengths), their output
-  statistics and eager times.
+  statistics, eager times and peak memory.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hpc.errors import DataFileError
 from hpc.results.columns import Column, column_dtype, describe
 
 FORMAT = "hpc-synthesis-manifest"
-FORMAT_VERSION = 2   # 2: kind, family, categories, outputs columns; the rejections group
+FORMAT_VERSION = 3   # 2: kind, family, categories, outputs columns; the rejections group. 3: peak_mib
 _STR = h5py.string_dtype("utf-8")
 # the candidates group's columns, one row per candidate (JSON-encoded lists and dicts are strings)
 CANDIDATE_COLUMNS = (
@@ -52,6 +52,8 @@ CANDIDATE_COLUMNS = (
     Column("outputs", str, "", "per output on the default inputs: shape, mean, std, variation (std / (|mean| + std)); "
                                "empty where the reference did not run", json=True),
     Column("eager_ms", float, "ms", "eager PyTorch's time per call at the run's scale; NaN where not timed"),
+    Column("peak_mib", float, "MiB", "the eager run's peak memory at the run's scale (GPU allocator on cuda, growth of "
+                                     "the resident set on cpu); NaN where the reference did not run"),
     Column("seconds", str, "", "seconds each filter took on it, by filter", json=True),
     Column("ran", str, "", "the filters it went through, in order", json=True))
 COLUMNS = {c.name: column_dtype(c.type) for c in CANDIDATE_COLUMNS}
@@ -128,7 +130,7 @@ def _spread(values: list[float]) -> dict:
 def quality(records: list[dict]) -> dict:
     """The accepted tasks' mix and outputs: input families, operator categories (every
     operator), first operators, composition lengths; per output its variation and element count;
-    eager times."""
+    eager times and peak memory."""
     kept = [r for r in records if r["accepted"]]
     outputs = [o for r in kept for o in r.get("outputs", [])]
     return {"families": _histogram([r.get("family") or "imported" for r in kept]),
@@ -137,7 +139,8 @@ def quality(records: list[dict]) -> dict:
             "lengths": _histogram([len(r["ops"]) for r in kept], by_value=True),
             "variation": _spread([o["variation"] for o in outputs]),
             "output_elements": _spread([float(math.prod(o["shape"])) for o in outputs]),
-            "eager_ms": _spread([r["eager_ms"] for r in kept])}
+            "eager_ms": _spread([r["eager_ms"] for r in kept]),
+            "peak_mib": _spread([r["peak_mib"] for r in kept])}
 
 
 def summary(records: list[dict], filters: tuple[str, ...]) -> dict:
@@ -196,11 +199,12 @@ def report_markdown(stats: dict) -> str:
             rest = sum(n for _, n in rows[_ROWS:])
             lines.append(f"| {len(rows) - _ROWS} others | {rest} | {100 * rest / of:.0f}% |")
         lines.append("")
-    lines += ["## The accepted tasks' outputs and eager time", "",
+    lines += ["## The accepted tasks' outputs, eager time and peak memory", "",
               "| per | statistic | min | median | max |", "|---|---|---:|---:|---:|"]
     for per, name, key in (("output", "variation, std / (\\|mean\\| + std)", "variation"),
                            ("output", "elements", "output_elements"),
-                           ("task", f"eager ms at the {stats['scale']} scale", "eager_ms")):
+                           ("task", f"eager ms at the {stats['scale']} scale", "eager_ms"),
+                           ("task", f"peak memory MiB at the {stats['scale']} scale", "peak_mib")):
         spread = q[key]
         lines.append(f"| {per} | {name} | " + (" | ".join(f"{spread[k]:.4g}" for k in ("min", "median", "max"))
                                                 if spread else "- | - | -") + " |")
@@ -225,6 +229,7 @@ def write_manifest(folder: Path, records: list[dict], filters: tuple[str, ...], 
                 f.write(json.dumps({"code": r["code"], "ops": r["ops"], "data_source": r["data_source"],
                                     "task_id": r["task_id"], "path": f"{r['task_id']}.py", "index": r["index"],
                                     "level": r["level"], "eager_ms": _json_float(r["eager_ms"]),
+                                    "peak_mib": _json_float(r["peak_mib"]),
                                     "ast_hash": r["ast_hash"], "signature": r["signature"]}) + "\n")
     (folder / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     (folder / "report.md").write_text(report_markdown(stats))

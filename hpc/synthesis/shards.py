@@ -106,9 +106,11 @@ def shard_path(out: Path, shard: int) -> Path:
     return out / f"shard-{shard:04d}.jsonl"
 
 
+# the verdict's figures that are NaN where not measured: null in a shard line (JSON has no NaN)
+_MEASURED = ("eager_ms", "peak_mib")
 # what the merge reads of every record
 _RECORD_KEYS = frozenset(("index", "stem", "task_id", "level", "accepted", "filter", "reason", "ops", "code",
-                          "ast_hash", "ran", "seconds", "eager_ms"))
+                          "ast_hash", "ran", "seconds", "eager_ms", "peak_mib"))
 
 
 def read_shard(path: Path) -> tuple[dict | None, list[dict], int]:
@@ -216,8 +218,8 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
         return {"index": item.payload, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
                 "ops": proposal.ops, "data_source": proposal.data_source, "family": proposal.family,
                 "categories": list(proposal.categories), "code": proposal.code,
-                **{k: v for k, v in dataclasses.asdict(verdict).items() if k != "eager_ms"},
-                "eager_ms": None if math.isnan(verdict.eager_ms) else verdict.eager_ms,
+                **dataclasses.asdict(verdict),
+                **{k: None if math.isnan(getattr(verdict, k)) else getattr(verdict, k) for k in _MEASURED},
                 "wall_s": round(time.monotonic() - t0, 3)}
 
     def describe(item: Item[int], rec: dict) -> str:
@@ -251,11 +253,12 @@ def _read_run(out: Path, cfg: SynthesisConfig | None) -> tuple[list[dict], list[
 
 def _verdicts(records: list[dict], config: dict) -> list[dict]:
     """The records (in index order) as the dataset holds them: accepted duplicates rejected
-    (`_dedup`), eager_ms NaN where none was timed."""
+    (`_dedup`), eager_ms and peak_mib NaN where not measured."""
     if "duplicate" not in config["filters"]["skip"]:
         _dedup(records)
     for rec in records:
-        rec["eager_ms"] = math.nan if rec["eager_ms"] is None else rec["eager_ms"]
+        for key in _MEASURED:
+            rec[key] = math.nan if rec[key] is None else rec[key]
     return records
 
 
