@@ -34,7 +34,7 @@ from hpc.hardware import conditions, device_name, versions
 from hpc.profile.cores import timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver, graph_replays
-from hpc.profile.timing import Call, Failure, TimingStats, bounded_figures, figures_ms, timing_calls
+from hpc.profile.timing import Call, Failure, TimingStats, timing_calls, window_figures
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, paired_ratio, record_graphs,
                                 run_window, timed_by)
 from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
@@ -313,12 +313,12 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                                  rec.flops / (tflops * 1e12) if tflops else 0.0)
     overhead_ns, resolution_ns = handshake_ns(window.times_ns[EMPTY])
     floor_ms = 0.0 if math.isnan(rec.floor_ms) else rec.floor_ms
-    times, used_ns = bounded_figures(window.times_ns["candidate"], overhead_ns, max(floor_ms, resolution_ns / 1e6))
+    figures, used_ns = window_figures(window.times_ns, overhead_ns, max(floor_ms, resolution_ns / 1e6))
     if used_ns != overhead_ns:
         log.warning("%s: less the handshake's %.4g ms the calls fall below the hardware floor or the handshake's "
-                    "noise: their outside-clock times are the figures", rec.task_id, overhead_ns / 1e6)
+                    "noise: every program's outside-clock times are the figures", rec.task_id, overhead_ns / 1e6)
     rec.overhead_ms = used_ns / 1e6
-    rec.candidate_times_ms = times
+    rec.candidate_times_ms = times = figures["candidate"]
     stats = TimingStats.of(times)
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
@@ -326,12 +326,12 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         rec.fail("profile", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
                             f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
-    rec.eager_times_ms = figures_ms(window.times_ns["eager"], overhead_ns)
+    rec.eager_times_ms = figures["eager"]
     eager = TimingStats.of(rec.eager_times_ms)
     rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
     rounds = cfg.timing.rounds
     rec.speedup_eager = paired_ratio(rec.eager_times_ms, times, rounds)
-    compiled = [figures_ms(window.times_ns[p], overhead_ns) for p in programs if p.startswith("compile")]
+    compiled = [figures[p] for p in programs if p.startswith("compile")]
     if compiled:   # none when baseline.compile_modes is empty: compile_ms stays NaN, and so does the speedup
         rec.compile_times_ms = min(compiled, key=lambda figs: paired_ratio(figs, times, rounds))
         fastest = TimingStats.of(rec.compile_times_ms)

@@ -125,6 +125,17 @@ def test_a_call_below_the_least_figure_after_the_overhead_keeps_its_outside_cloc
     assert used == 300_000.0
 
 
+def test_when_the_candidates_overhead_is_kept_every_programs_is_kept():
+    from hpc.profile.timing import window_figures
+
+    times_ns = {"candidate": [300_000, 310_000, 320_000], "eager": [500_000, 510_000, 520_000]}
+    figures, used = window_figures(times_ns, 200_000.0, least_ms=0.05)
+    assert used == 200_000.0 and figures["candidate"] == [0.1, 0.11, 0.12] and figures["eager"] == [0.3, 0.31, 0.32]
+    # the candidate's handshake is not taken off: nor is eager's, or eager's 0.51 ms would read 0.21 against 0.31
+    figures, used = window_figures(times_ns, 300_000.0, least_ms=0.05)
+    assert used == 0.0 and figures["candidate"] == [0.3, 0.31, 0.32] and figures["eager"] == [0.5, 0.51, 0.52]
+
+
 def test_an_output_of_the_wrong_structure_is_refused():
     from hpc.sandbox.exchange import validated_outputs
 

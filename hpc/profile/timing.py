@@ -243,6 +243,15 @@ def bounded_figures(times_ns: list[int], overhead_ns: float, least_ms: float) ->
     return figures, overhead_ns
 
 
+def window_figures(times_ns: dict[str, list[int]], overhead_ns: float, least_ms: float,
+                   candidate: str = "candidate") -> tuple[dict[str, list[float]], float]:
+    """Every program's figures, the same overhead taken off all: the handshake's, or none where the
+    candidate's figures would then fall below `least_ms` (bounded_figures). A baseline less the
+    handshake set against a candidate with it would read the handshake as the candidate's slowness."""
+    _, used_ns = bounded_figures(times_ns[candidate], overhead_ns, least_ms)
+    return {name: figures_ms(times, used_ns) for name, times in times_ns.items()}, used_ns
+
+
 MIN_FIGURE_MS = 1e-4   # a median at or below the handshake's cost is reported as this (0.1 us)
 
 

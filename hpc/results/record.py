@@ -89,8 +89,9 @@ class EvalRecord:
                                                 "worker in the same window (before 2026-12-02: in the candidate's "
                                                 "worker before its code was loaded); 0 when taking it off would leave "
                                                 "the candidate's median below `floor_ms` or below the handshake's own "
-                                                "noise (its IQR, at least a tenth of it): the outside-clock times are "
-                                                "then the figures", added_in=3)
+                                                "noise (its IQR, at least a tenth of it): every program's outside-clock "
+                                                "times are then the figures (before 2026-12-04 the baselines' "
+                                                "were still taken less the handshake)", added_in=3)
     flops: float = column(math.nan, "FLOP", "matmul/conv-family floating-point operations of one reference call "
                                             "(torch's FLOP counter)")
     min_bytes: float = column(math.nan, "bytes", "bytes any implementation must move: inputs, parameters and outputs "
