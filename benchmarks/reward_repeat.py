@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpc.profile.window import round_spans  # noqa: E402
 from hpc.results.hdf5 import read_records  # noqa: E402
 
 
@@ -88,19 +89,35 @@ def differing_picks(keeps: list[Path]) -> list[str]:
 
 def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
-    speedup vs eager, calls a frame, compile ms / candidate ms)}: the speedups as the record has
+    speedup vs eager, calls a frame, compile ms / candidate ms, round_noise)}: the speedups as the record has
     them (round by round from version 7), and the ratio of the whole window's medians beside."""
     return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms,
-                        r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""), r.compile_ms / r.candidate_ms)
-            for r in read_records(path)}
+                        r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""), r.compile_ms / r.candidate_ms,
+                        round_noise(r)) for r in read_records(path)}
+
+
+def round_noise(rec) -> float:
+    """The relative standard error of the median of a window's round ratios (torch.compile's round
+    median over the candidate's, as hpc.profile.window.paired_ratio reads them): how far one
+    window's speedup can lie from what more rounds would give. NaN for a record without the
+    baselines' frames (before schema version 7)."""
+    rounds = json.loads(rec.config or "{}").get("timing", {}).get("rounds", 10)
+    b, c = rec.compile_times_ms, rec.candidate_times_ms
+    ratios = [statistics.median(b[i:j]) / statistics.median(c[k:m])
+              for (i, j), (k, m) in zip(round_spans(len(b), rounds), round_spans(len(c), rounds)) if j > i and m > k]
+    if len(ratios) < 2:
+        return float("nan")
+    median = statistics.median(ratios)
+    spread = 1.4826 * statistics.median(abs(x - median) for x in ratios)   # a standard deviation, robust to a stray round
+    return 1.2533 * spread / math.sqrt(len(ratios)) / median
 
 
 def estimators(runs: list[dict[str, tuple]], tasks: list[str]) -> list[str]:
     """The vs-compile speedup's spread over the runs read two ways from the same windows: round by
     round (the record's, hpc.profile.window.paired_ratio) and as the ratio of the whole window's
     medians (the reward's before schema version 7)."""
-    lines = ["| task | round by round: per run (spread from median) | ratio of medians: per run (spread) |",
-             "|---|---|---|"]
+    lines = ["| task | round by round: per run (spread from median) | ratio of medians: per run (spread) "
+             "| one window's standard error (mean over runs) |", "|---|---|---|---|"]
     within = [0, 0]
     for task in tasks:
         rows = [run[task] for run in runs if task in run and run[task][2] == "ok"]
@@ -112,7 +129,7 @@ def estimators(runs: list[dict[str, tuple]], tasks: list[str]) -> list[str]:
             spread = max(abs(x / statistics.median(xs) - 1) for x in xs)
             within[k] += spread <= 0.03
             cells.append(" / ".join(f"{x:.3f}" for x in xs) + f" ({100 * spread:.1f}%)")
-        lines.append(f"| {task} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {task} | {cells[0]} | {cells[1]} | {100 * statistics.fmean(r[10] for r in rows):.1f}% |")
     lines.append(f"within 3% of the median: round by round {within[0]}/{len(tasks)}, "
                  f"ratio of medians {within[1]}/{len(tasks)}")
     return lines
@@ -191,7 +208,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 7)) for run in runs]
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8)) for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
         ok = all(r[2] == "ok" for r in rows)

@@ -6,6 +6,7 @@
         [--tasks DIR]
     hpc synthesize --out RUN [--count N] [--seed S] [--config F] [--from OPS6K] [--import-only] [--benchmark DIR]
         [--backend ...] [--scale ...] [--workers N]
+    hpc synthesize --out RUN --validate DATASET [--backend ...] [--scale ...] [--workers N]
     hpc serve --checkpoint RUN|ROOT [--step N] | --hf DIR [--tokenizer byte|DIR]
         [--chat-format auto|chatml|llama3|plain] [--host H] [--port P] [--model-name NAME] [--api-key-env VAR]
         [--dtype auto|fp32|bf16] [--max-request-bytes N]
