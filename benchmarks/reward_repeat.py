@@ -31,8 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpc.profile.window import round_spans  # noqa: E402
+from hpc.config import RewardConfig  # noqa: E402
+from hpc.profile.window import frame_ratios, paired_ratio, round_spans  # noqa: E402
 from hpc.results.hdf5 import read_records  # noqa: E402
+from hpc.reward import compute_reward  # noqa: E402
 
 
 def one_run(args: argparse.Namespace, folder: Path, keep: Path, k: int) -> Path:
@@ -89,33 +91,45 @@ def differing_picks(keeps: list[Path]) -> list[str]:
 
 def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
-    speedup vs eager, calls a frame, compile ms / candidate ms, round_noise)}: the speedups as the record has
-    them (round by round from version 7), and the ratio of the whole window's medians beside."""
-    return {r.task_id: (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms, r.overhead_ms,
-                        r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""), r.compile_ms / r.candidate_ms,
-                        round_noise(r)) for r in read_records(path)}
+    speedup vs eager, calls a frame, compile ms / candidate ms, round_noise)}. Where the record
+    keeps the baselines' frames (schema version 7), the speedups and the reward are read from the
+    frames by this checkout's hpc.profile.window.paired_ratio and hpc.reward, so runs recorded
+    before a change of the estimator are read as it reads them now; else as the record has them.
+    The ratio of the whole window's medians is beside."""
+    out = {}
+    for r in read_records(path):
+        if r.status == "ok" and r.compile_times_ms and r.eager_times_ms:
+            config = json.loads(r.config or "{}")
+            rounds = config.get("timing", {}).get("rounds", 10)
+            r.speedup_eager = paired_ratio(r.eager_times_ms, r.candidate_times_ms, rounds)
+            r.speedup_compile = paired_ratio(r.compile_times_ms, r.candidate_times_ms, rounds)
+            r.reward = compute_reward(True, r.speedup_eager, r.speedup_compile, RewardConfig(**config.get("reward", {})))
+        out[r.task_id] = (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms,
+                          r.overhead_ms, r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""),
+                          r.compile_ms / r.candidate_ms, round_noise(r))
+    return out
 
 
 def round_noise(rec) -> float:
-    """The relative standard error of the median of a window's round ratios (torch.compile's round
-    median over the candidate's, as hpc.profile.window.paired_ratio reads them): how far one
-    window's speedup can lie from what more rounds would give. NaN for a record without the
-    baselines' frames (before schema version 7)."""
+    """The relative standard error of one window's vs-compile speedup, with its rounds as the
+    samples: each round's median of the candidate's frames against torch.compile's median in it
+    (hpc.profile.window.frame_ratios), their spread from their median absolute deviation (a stray
+    round does not inflate it). Rounds, not frames: a round's frames share its state, so frames
+    would understate it. NaN for a record without the baselines' frames (before schema version 7)."""
     rounds = json.loads(rec.config or "{}").get("timing", {}).get("rounds", 10)
-    b, c = rec.compile_times_ms, rec.candidate_times_ms
-    ratios = [statistics.median(b[i:j]) / statistics.median(c[k:m])
-              for (i, j), (k, m) in zip(round_spans(len(b), rounds), round_spans(len(c), rounds)) if j > i and m > k]
-    if len(ratios) < 2:
+    ratios = frame_ratios(rec.compile_times_ms, rec.candidate_times_ms, rounds)
+    if not rec.compile_times_ms or len(ratios) != len(rec.candidate_times_ms):
         return float("nan")
-    median = statistics.median(ratios)
-    spread = 1.4826 * statistics.median(abs(x - median) for x in ratios)   # a standard deviation, robust to a stray round
-    return 1.2533 * spread / math.sqrt(len(ratios)) / median
+    per_round = [statistics.median(ratios[a:b]) for a, b in round_spans(len(ratios), rounds) if b > a]
+    median = statistics.median(per_round)
+    spread = 1.4826 * statistics.median(abs(x - median) for x in per_round)   # a standard deviation
+    return 1.2533 * spread / math.sqrt(len(per_round)) / median
 
 
 def estimators(runs: list[dict[str, tuple]], tasks: list[str]) -> list[str]:
     """The vs-compile speedup's spread over the runs read two ways from the same windows: round by
     round (the record's, hpc.profile.window.paired_ratio) and as the ratio of the whole window's
-    medians (the reward's before schema version 7)."""
+    medians (the reward's before schema version 7); and one window's standard error (round_noise)."""
     lines = ["| task | round by round: per run (spread from median) | ratio of medians: per run (spread) "
              "| one window's standard error (mean over runs) |", "|---|---|---|---|"]
     within = [0, 0]

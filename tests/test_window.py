@@ -91,6 +91,17 @@ def test_a_speedup_is_read_round_by_round_so_a_state_that_changes_between_progra
     assert paired_ratio(candidate, baseline, 10) == pytest.approx(1 / 1.2)
 
 
+def test_a_candidate_fast_in_most_rounds_but_not_in_most_frames_does_not_read_fast():
+    """Fast (0.1) in 6 frames of each of 6 rounds: every one of those rounds' medians is fast, but
+    64 of its 100 frames are slow. Its speedup is read over its frames, as a whole-window median's
+    would be, so it is 1.0: a candidate must be fast in most of its frames, and of those the
+    checked ones are drawn in secret."""
+    candidate = [0.1 if r < 6 and k < 6 else 1.0 for r in range(10) for k in range(10)]
+    baseline = [1.0] * 100
+    assert paired_ratio(baseline, candidate, 10) == pytest.approx(1.0)
+    assert statistics.median(statistics.median(candidate[10 * r:10 * r + 10]) for r in range(10)) == pytest.approx(0.1)
+
+
 def test_a_speedup_takes_uneven_rounds_and_skips_rounds_one_program_lacks():
     assert paired_ratio([2.0] * 23, [1.0] * 23, 5) == pytest.approx(2.0)
     assert paired_ratio([3.0] * 3, [1.0] * 7, 5) == pytest.approx(3.0)   # rounds 3, 4: no numerator figure

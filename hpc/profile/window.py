@@ -14,6 +14,7 @@ beside it, and so raise its own speedup.
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
 import statistics
@@ -89,19 +90,27 @@ def chunks(calls: list[Call], rounds: int) -> list[list[Call]]:
 
 def paired_ratio(numerator_ms: list[float], denominator_ms: list[float], rounds: int) -> float:
     """How many times longer the numerator's calls take than the denominator's, read round by
-    round: in each round of the window, the ratio of the two programs' medians in that round; the
-    figure is the median of those ratios. Both programs ran in every round, seconds apart, so
-    whatever slows the device or host for a while (a clock or memory state that holds
-    for a few rounds, load beside) divides out of each round's ratio, where a ratio of whole-window
-    medians keeps it whenever the two programs' frames met it in different shares. NaN when no
+    round: each of the denominator's frames set against the numerator's median in the same round
+    of the window, and the median of those ratios over all the denominator's frames. The two
+    programs of a round ran seconds apart, so a state of the device or host that holds for a few
+    rounds divides out of every ratio, where a ratio of whole-window medians keeps it whenever the
+    two programs' frames met it in different shares. The denominator is the candidate in every
+    speedup, and the median is over its frames, so as with a whole-window median over half of them
+    must be fast for the speedup to read fast: fast rounds, or frames, cannot carry it. NaN when no
     round has figures of both."""
+    ratios = frame_ratios(numerator_ms, denominator_ms, rounds)
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def frame_ratios(numerator_ms: list[float], denominator_ms: list[float], rounds: int) -> list[float]:
+    """Each of the denominator's frames against the numerator's median in its round (paired_ratio),
+    in order; rounds where either program has no figure are left out."""
     ratios = []
     for (a, b), (c, d) in zip(round_spans(len(numerator_ms), rounds), round_spans(len(denominator_ms), rounds)):
         if b > a and d > c:
-            den = statistics.median(denominator_ms[c:d])
-            if den > 0:
-                ratios.append(statistics.median(numerator_ms[a:b]) / den)
-    return statistics.median(ratios) if ratios else float("nan")
+            reference = statistics.median(numerator_ms[a:b])
+            ratios += [reference / x if x > 0 else math.inf for x in denominator_ms[c:d]]
+    return ratios
 
 
 def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Window:

@@ -113,10 +113,11 @@ class EvalRecord:
                                      "`timed_by` (`graph replays` or `calls`; from protocol `outside-4`) and, when a "
                                      "cuda window was timed by calls, `graphs_refused` (why); the same for every "
                                      "program since they are timed in one window", json=True, added_in=4)
-    speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: in each of the "
-                                                 "window's rounds, eager's median over the candidate's (from "
-                                                 "`eager_times_ms` and `candidate_times_ms`), and the median of "
-                                                 "those (from version 7; before, eager_ms / candidate_ms)")
+    speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: each of the "
+                                                 "candidate's frames against eager's median in the same round of the "
+                                                 "window, and the median of those over the candidate's frames (from "
+                                                 "`eager_times_ms` and `candidate_times_ms`; from version 7, before "
+                                                 "eager_ms / candidate_ms)")
     speedup_compile: float = column(math.nan, "1", "the same against torch.compile's fastest mode "
                                                    "(`compile_times_ms`; from version 7, before compile_ms / "
                                                    "candidate_ms)")
