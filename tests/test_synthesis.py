@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -21,10 +22,10 @@ import torch
 from hpc.errors import UserError
 from hpc.synthesis.catalog import CATALOG
 from hpc.synthesis.compose import compose
-from hpc.synthesis.config import FILTERS, ComposeConfig, FilterConfig, load_synthesis_config
+from hpc.synthesis.config import FILTERS, ComposeConfig, FilterConfig, SynthesisConfig, load_synthesis_config
 from hpc.synthesis.filters import FilterChain, output_stats, repeated_axis
 from hpc.synthesis.manifest import read_manifest
-from hpc.synthesis.shards import checked_stats, merge, read_shard, run_local, run_shard, shard_path
+from hpc.synthesis.shards import Gate, checked_stats, merge, read_shard, run_local, run_shard, shard_path
 from hpc.synthesis.similarity import BenchmarkIndex, ast_hash, normalized_tokens, op_signature, similarity
 from hpc.task import load_task
 from tests.conftest import ROOT, TESTS
@@ -456,6 +457,148 @@ def test_a_run_cut_short_has_the_merges_statistics_over_the_candidates_checked(t
     assert any(r["reason"].startswith("duplicate of level") for r in records)   # across shards, as the merge does
     run_shard(cfg, 1, 3, tmp_path)
     assert checked_stats(tmp_path, cfg)[0] == merge(tmp_path, cfg)
+
+
+# ---- out of memory beside another candidate: checked again alone ----
+
+def test_a_recheck_waits_for_the_checks_in_flight_and_none_starts_beside_it():
+    """Real threads on a shard's gate: a re-check asked for while a check runs starts when it ends,
+    and a check asked for after the re-check waits for it; checks that overlap see each other."""
+    gate, order = Gate(), []
+
+    def recheck():
+        with gate.alone():
+            order.append("recheck")
+            time.sleep(0.3)
+            order.append("recheck done")
+
+    def check():
+        with gate.shared():
+            order.append("check")
+
+    with gate.shared() as first:
+        threads = [threading.Thread(target=recheck)]
+        threads[0].start()
+        while not (gate._queued or order):   # the re-check waits for this check (or, wrongly, runs)
+            time.sleep(0.01)
+        threads.append(threading.Thread(target=check))
+        threads[1].start()
+        time.sleep(0.3)
+        assert order == [] and not first.beside
+    for t in threads:
+        t.join(10)
+    assert order == ["recheck", "recheck done", "check"]
+    with gate.shared() as one, gate.shared() as two:
+        pass
+    assert one.beside and two.beside
+
+
+# Candidates that meet through a flock on LOCK (a file of the test): the hog holds it for as long as
+# its sandboxed worker lives, as a task holds device memory; the others wait up to 5 s for a
+# neighbour to hold it (so they run beside one) and run out of memory while it does.
+_LOCKED = """import fcntl
+import os
+import time
+
+import torch
+import torch.nn as nn
+
+LOCK = {lock!r}
+
+
+def neighbour_holds_lock(seconds):
+    fd = os.open(LOCK, os.O_RDONLY)
+    try:
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+{init}
+
+    def forward(self, x):
+{forward}
+        return torch.relu(self.linear(x))
+
+
+batch_size = 64
+dim = 256
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [dim]
+"""
+_HOG = ("        self.held = os.open(LOCK, os.O_RDONLY)\n        fcntl.flock(self.held, fcntl.LOCK_EX)\n"
+        "        time.sleep(3)", "        pass")
+_SQUEEZED = ("        if neighbour_holds_lock(5):\n"
+             "            raise torch.OutOfMemoryError('out of memory: a neighbour holds the memory')", "        pass")
+_HOPELESS = ("        neighbour_holds_lock(5)", "        raise MemoryError('needs more than the machine has')")
+
+
+def _oom_run(tmp_path: Path, cache_dir: Path, workers: int) -> tuple[Path, SynthesisConfig]:
+    """Rows hog, hog, squeezed, hopeless, hog in two shards: shard 0 checks hog, squeezed, hog;
+    shard 1 hog, hopeless."""
+    lock = tmp_path / "memory.lock"
+    lock.touch()
+    rows = [_LOCKED.format(lock=str(lock), init=init, forward=forward)
+            for init, forward in (_HOG, _HOG, _SQUEEZED, _HOPELESS, _HOG)]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps({"code": code, "ops": ["nn.Linear", "torch.relu"]}) + "\n" for code in rows))
+    config = tmp_path / "synth.yaml"     # the workers may read the lock file in the test's folder
+    config.write_text(json.dumps({"filters": {"skip": ["contaminated", "duplicate", "runtime", "compile"]},
+                                  "eval": {"cache_dir": str(cache_dir),
+                                           "sandbox": {"restrict_reads": False, "run_as_uid": -1}}}))
+    return tmp_path / "run", load_synthesis_config(config, source=str(source), count=0, workers=workers)
+
+
+def test_a_candidate_out_of_memory_beside_another_is_checked_again_alone(tmp_path, cache_dir, caplog):
+    """The squeezed candidate runs out of memory while the first hog runs beside it; checked again
+    once that hog is done, and before the next hog starts, it passes, and that is its record."""
+    run, cfg = _oom_run(tmp_path, cache_dir, workers=2)
+    with caplog.at_level("INFO", logger="hpc.synthesis.shards"):
+        summary = run_shard(cfg, 0, 2, run)
+    _, records, _ = read_shard(shard_path(run, 0))
+    by_index = {r["index"]: r for r in records}
+    assert sorted(by_index) == [0, 2, 4] and len(records) == 3 and summary["checked"] == 3   # each recorded once
+    squeezed = by_index[2]
+    assert squeezed["accepted"] and squeezed["rechecked_alone"], squeezed["reason"]
+    assert squeezed["first_reason"].startswith("eager: task Model failed to build: OutOfMemoryError: out of memory")
+    assert all(by_index[i]["accepted"] and not by_index[i]["rechecked_alone"] for i in (0, 4))
+    assert caplog.text.count("checking it again alone") == 1
+
+
+def test_a_candidate_out_of_memory_even_alone_stays_rejected_after_one_recheck(tmp_path, cache_dir, caplog):
+    """With 2 workers the hopeless candidate, out of memory beside the hog, is checked once more
+    alone and stays rejected; with 1 worker nothing ran beside it, and it is not checked again."""
+    run, cfg = _oom_run(tmp_path, cache_dir, workers=2)
+    with caplog.at_level("INFO", logger="hpc.synthesis.shards"):
+        run_shard(cfg, 1, 2, run)
+        cfg.workers = 1
+        run_shard(cfg, 1, 2, tmp_path / "one-worker")
+    hog, hopeless = sorted(read_shard(shard_path(run, 1))[1], key=lambda r: r["index"])
+    assert (hopeless["index"], hopeless["accepted"], hopeless["filter"], hopeless["kind"]) == (3, False, "eager",
+                                                                                              "MemoryError")
+    assert hopeless["rechecked_alone"] and "MemoryError: needs more than the machine has" in hopeless["first_reason"]
+    assert hog["accepted"] and caplog.text.count("checking it again alone") == 1
+    alone = {r["index"]: r for r in read_shard(shard_path(tmp_path / "one-worker", 1))[1]}[3]
+    assert (alone["kind"], alone["rechecked_alone"], alone["first_reason"]) == ("MemoryError", False, "")
 
 
 def _throughput(tmp_path: Path, cache_dir: Path, capsys, *args: str) -> tuple[dict, str]:

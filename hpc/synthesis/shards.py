@@ -19,13 +19,15 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.engine import Item, in_threads, run_items
 from hpc.errors import DataFileError
 from hpc.synthesis.config import FILTERS, SynthesisConfig
-from hpc.synthesis.filters import FilterChain
+from hpc.synthesis.filters import FilterChain, Verdict, out_of_memory
 from hpc.synthesis.manifest import run_stats, stats_table, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
 
@@ -189,6 +191,57 @@ class ShardFile:
         self.accepted += rec["accepted"]
 
 
+@dataclass(eq=False)
+class Turn:
+    """One candidate's check under the gate: `beside` is set once another ran at the same time."""
+
+    beside: bool = False
+
+
+class Gate:
+    """A shard's candidates are checked side by side (`shared`), except a re-check `alone`: it
+    waits for the checks in flight to finish, and none starts until it is done (new shared holders
+    queue behind a waiting re-check). Threads of one process: a shard's own, unlike the device's
+    flock (hpc.profile.device_lock), which the filters hold inside."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._turns: set[Turn] = set()
+        self._alone = False
+        self._queued = 0     # re-checks waiting for the shared holders to finish
+
+    @contextmanager
+    def shared(self) -> Iterator[Turn]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._alone and not self._queued)
+            turn = Turn(beside=bool(self._turns))
+            for other in self._turns:
+                other.beside = True
+            self._turns.add(turn)
+        try:
+            yield turn
+        finally:
+            with self._cond:
+                self._turns.discard(turn)
+                self._cond.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cond:
+            self._queued += 1
+            try:
+                self._cond.wait_for(lambda: not self._alone and not self._turns)
+            finally:
+                self._queued -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
+
+
 def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
               stop: threading.Event | None = None, deadline: float | None = None) -> dict:
     """Filter this shard's candidates not yet in its file. With `stop` set (SIGTERM from Slurm),
@@ -196,7 +249,12 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
     with the job): the requeued shard checks them again. Past `deadline` (on time.monotonic(): a
     time budget) no further candidate starts either, but those in flight finish and are recorded;
     "cut_by_deadline" in the summary says candidates were left for a later run. The evaluation
-    workers' processes start ahead (hpc.sandbox.prestart) where the machine has the cores."""
+    workers' processes start ahead (hpc.sandbox.prestart) where the machine has the cores.
+
+    A candidate rejected for running out of memory (filters.out_of_memory) while another ran
+    beside it is checked once more alone (`Gate`), and that verdict is its record
+    (`rechecked_alone`, the first one's filter and reason in `first_reason`): the memory may have
+    been the neighbour's. It is recorded once, with its final verdict, like any other."""
     source = Source(cfg)
     out.mkdir(parents=True, exist_ok=True)
     store = ShardFile(shard_path(out, shard), _header(cfg, shard, shards, len(source)))
@@ -205,22 +263,42 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
     for rec in store.records:
         if rec["accepted"]:
             chain.remember(rec["ast_hash"], rec["index"])
+    stop = stop or threading.Event()
     cut = threading.Event()
+    gate = Gate()
+
+    def record(index: int) -> tuple[Verdict, dict]:
+        """The candidate's verdict, and as its shard line."""
+        proposal = source.get(index)
+        t0 = time.monotonic()
+        verdict = chain.check(index, proposal.code, proposal.stem)
+        return verdict, {
+            "index": index, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
+            "ops": proposal.ops, "data_source": proposal.data_source, "family": proposal.family,
+            "categories": list(proposal.categories), "code": proposal.code,
+            **dataclasses.asdict(verdict),
+            **{k: None if math.isnan(getattr(verdict, k)) else getattr(verdict, k) for k in _MEASURED},
+            "wall_s": round(time.monotonic() - t0, 3), "rechecked_alone": False, "first_reason": ""}
 
     def check(item: Item[int]) -> dict | None:
-        """The candidate's verdict as its shard line; None when the time budget is spent."""
-        if deadline is not None and time.monotonic() >= deadline:
-            cut.set()
-            return None
-        proposal = source.get(item.payload)
-        t0 = time.monotonic()
-        verdict = chain.check(item.payload, proposal.code, proposal.stem)
-        return {"index": item.payload, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
-                "ops": proposal.ops, "data_source": proposal.data_source, "family": proposal.family,
-                "categories": list(proposal.categories), "code": proposal.code,
-                **dataclasses.asdict(verdict),
-                **{k: None if math.isnan(getattr(verdict, k)) else getattr(verdict, k) for k in _MEASURED},
-                "wall_s": round(time.monotonic() - t0, 3)}
+        """The candidate's shard line; None when the time budget is spent or the shard stopped."""
+        with gate.shared() as turn:
+            if deadline is not None and time.monotonic() >= deadline:
+                cut.set()
+                return None
+            if stop.is_set():   # it waited behind a re-check
+                return None
+            verdict, first = record(item.payload)
+        if not (turn.beside and out_of_memory(verdict)):
+            return first
+        log.info("shard %d: %s ran out of memory with other candidates beside it (%s); checking it again alone",
+                 shard, first["stem"], first["filter"])
+        with gate.alone():
+            if stop.is_set():
+                return None
+            _, again = record(item.payload)
+        return {**again, "wall_s": round(first["wall_s"] + again["wall_s"], 3), "rechecked_alone": True,
+                "first_reason": f"{first['filter']}: {first['reason']}"}
 
     def describe(item: Item[int], rec: dict) -> str:
         return f"{rec['stem']}: " + ("accepted" if rec["accepted"] else f"{rec['filter']}: {rec['reason'][:160]}")
