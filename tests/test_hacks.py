@@ -14,6 +14,7 @@ import pytest
 
 from hpc.candidate import load_candidate
 from hpc.pipeline import evaluate
+from hpc.profile.window import paired_ratio
 from hpc.task import load_task
 from tests.conftest import RELU_TASK, TESTS
 
@@ -225,7 +226,10 @@ def test_honest_workdir_is_paid(config):
     assert rec.trials == 7 and rec.timed_checks == 3 * seeds["burst"]   # every call of 3 frames
     assert rec.candidate_ms > 0 and rec.eager_ms > 0 and rec.compile_ms > 0
     assert rec.min_bytes > 0 and (rec.backend == "cpu" or rec.candidate_ms > rec.floor_ms)
-    assert abs(rec.speedup_eager - rec.eager_ms / rec.candidate_ms) < 1e-9
+    rounds = json.loads(rec.config)["timing"]["rounds"]   # the speedups are read round by round, from the frames kept
+    assert len(rec.eager_times_ms) == len(rec.compile_times_ms) == len(rec.candidate_times_ms)
+    assert rec.speedup_eager == paired_ratio(rec.eager_times_ms, rec.candidate_times_ms, rounds)
+    assert rec.speedup_compile == paired_ratio(rec.compile_times_ms, rec.candidate_times_ms, rounds)
     assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
     stages = json.loads(rec.stage_seconds)    # the stages, and the device lock's waits and exclusive hold
     assert {"compile", "load", "verify", "profile"} <= set(stages)
