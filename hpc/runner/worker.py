@@ -104,7 +104,8 @@ class PeakMemory:
         self.device = device
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        self.start = self._resident_peak()
+        else:
+            self.start = self._resident_peak()
 
     def bytes(self) -> int:
         if self.device.type == "cuda":
