@@ -333,8 +333,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
     rec.speedup_eager = paired_ratio(rec.eager_times_ms, times, rounds)
     compiled = [figures[p] for p in programs if p.startswith("compile")]
     if compiled:   # none when baseline.compile_modes is empty: compile_ms stays NaN, and so does the speedup
-        rec.speedup_compile, rec.compile_times_ms = min(((paired_ratio(figs, times, rounds), figs) for figs in compiled),
-                                                        key=lambda pair: pair[0])   # the fastest mode
+        speedups = [(paired_ratio(figs, times, rounds), figs) for figs in compiled]
+        rec.speedup_compile, rec.compile_times_ms = min(speedups, key=lambda pair: pair[0])   # the fastest mode
         fastest = TimingStats.of(rec.compile_times_ms)
         rec.compile_ms, rec.compile_cv = fastest.median_ms, fastest.cv
     rec.baseline_cached = False
