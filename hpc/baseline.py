@@ -137,8 +137,8 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             raise SandboxError(f"{e}", FailureKind.ERROR) from None
         if recording.failure is not None:
             raise SandboxError(f"{recording.failed} could not be timed: {recording.failure.reason}", FailureKind.ERROR)
-    with lock.exclusive(), timing(*window_pids(pair), one_core=cfg.backend == "cuda"):
-        measured = conditions(cfg.backend, lock.beside())
+    with lock.exclusive(), timing(*window_pids(pair), backend=cfg.backend) as placed:
+        measured = {**conditions(cfg.backend, lock.beside()), **placed}
         window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
     measured.update(timed_by(recording))
     if window.failure is not None:

@@ -277,9 +277,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     log.info("%s: timed by calls: %s", rec.task_id, recording.reason)
             window = Window(failed=recording.failed, failure=recording.failure)
             if recording.failure is None:
-                with lock.exclusive(), timing(*window_pids(pair, baselines.result()),
-                                                    one_core=cfg.backend == "cuda"):
-                    measured = conditions(cfg.backend, lock.beside())
+                with lock.exclusive(), timing(*window_pids(pair, baselines.result()), backend=cfg.backend) as placed:
+                    measured = {**conditions(cfg.backend, lock.beside()), **placed}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
                 measured.update(timed_by(recording))
                 rec.conditions = json.dumps({name: measured for name in ["candidate", *programs]})

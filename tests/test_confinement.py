@@ -196,6 +196,31 @@ result = got
     assert "'clone3': 38" in out
 
 
+def test_a_program_off_the_gpu_cannot_move_itself_to_other_cores(tmp_path):
+    """It is timed on the cores the harness pins it to, against baselines held alike: one that
+    widened its own mask would run on more cores than they do (issue 21). A gpu or trusted
+    worker may still."""
+    code = """
+import os
+try:
+    os.sched_setaffinity(0, os.sched_getaffinity(0))
+    result = 'moved'
+except PermissionError:
+    result = 'refused'
+"""
+    assert "refused" in attack_in_worker(tmp_path, code)
+    assert "moved" in attack_in_worker(tmp_path, code, backend="cuda")
+    assert "moved" in attack_in_worker(tmp_path, code, trusted=True)
+
+
+def test_a_program_off_the_gpu_starts_where_compiles_may_run(tmp_path, monkeypatch):
+    """Only the harness moves it onto the cores kept for timing, for a window."""
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(launch, "compile_cores", lambda: {allowed[0]})
+    out = attack_in_worker(tmp_path, "import os\nresult = sorted(os.sched_getaffinity(0))")
+    assert f"RESULT<{[allowed[0]]}>" in out, out
+
+
 def test_kill_minus_one_reaches_nothing_outside(tmp_path):
     helper = subprocess.Popen(["sleep", "120"])
     sibling = SandboxedProcess("reference", tmp_path / "sibling", SandboxConfig(timeout_s=120), "cpu")

@@ -56,31 +56,65 @@ def test_compiling_moves_every_thread_and_its_children_then_brings_the_threads_b
         other.join()
 
 
+def test_on_cpu_the_drivers_get_the_first_core_and_the_programs_the_rest(monkeypatch):
+    """Below 8 cores all of them, from 8 the kept ones; one core alone pins nothing."""
+    monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu}))
+    assert cores.timing_cores("cpu", {0, 1}) == ({1}, {0})
+    assert cores.timing_cores("cpu", set(range(4))) == ({1, 2, 3}, {0})
+    assert cores.timing_cores("cpu", set(range(16))) == ({13, 14, 15}, {12})
+    assert cores.timing_cores("cpu", {3}) == (set(), set())
+
+
+def test_on_cuda_a_program_core_and_a_driver_core_are_kept_ones(monkeypatch):
+    monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu}))
+    assert cores.timing_cores("cuda", set(range(16))) == ({12}, {13})
+    assert cores.timing_cores("cuda", set(range(4))) == (set(), set())
+
+
+def test_a_timed_program_gets_a_thread_per_core_it_is_timed_on(monkeypatch):
+    monkeypatch.setattr(cores, "timing_cores", lambda backend: ({5, 6, 7}, {4}))
+    assert cores.window_env("cpu", program=True) == {"OMP_NUM_THREADS": "3"}
+    assert cores.window_env("cpu", program=False) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert cores.window_env("cuda", program=True) == {}
+
+
+_SLEEPER = ("import os, threading, time, subprocess, sys; threading.Thread(target=time.sleep, args=(60,)).start(); "
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(child.pid, flush=True); time.sleep(60)")
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
-def test_a_window_moves_its_processes_threads_to_the_kept_cores_and_back(monkeypatch):
+def test_a_cpu_window_moves_its_programs_with_all_below_them_and_its_drivers_and_back():
+    """Every thread of a program and of the processes it started goes on the programs' cores (a
+    child it started before the window would otherwise run on the other cores), a driver and the
+    harness's thread on the drivers' core; all back after."""
     before = os.sched_getaffinity(0)
-    kept = {max(before)}
-    monkeypatch.setattr(cores, "kept_cores", lambda: kept)
-    code = ("import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); "
-            "print(1, flush=True); time.sleep(60)")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    program_cores, driver_cores = cores.timing_cores("cpu")
+    program = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    child = 0
     try:
-        child.stdout.readline()
-        tids = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
-        assert len(tids) == 2
-        me = threading.get_native_id()
-        with cores.timing([child.pid]):
-            assert all(_affinity(t) == kept for t in tids)
-            assert _affinity(me) == kept
-        assert all(_affinity(t) == before for t in tids)
-        assert _affinity(me) == before
+        child = int(program.stdout.readline())
+        driver.stdout.readline()
+        tids = [int(t) for t in os.listdir(f"/proc/{program.pid}/task")] + [child]
+        assert len(tids) == 3
+        with cores.timing([program.pid], [driver.pid], backend="cpu"):
+            assert [_affinity(t) for t in tids] == [program_cores] * 3
+            assert _affinity(driver.pid) == driver_cores
+            assert _affinity(0) == driver_cores
+        assert [_affinity(t) for t in tids] == [before] * 3
+        assert _affinity(driver.pid) == before and _affinity(0) == before
     finally:
-        child.kill()
-        child.wait()
+        for proc in (program, driver):
+            proc.kill()
+            proc.wait()
+        if child:
+            os.kill(child, 9)
 
 
-def test_timing_is_a_no_op_where_no_core_is_kept(monkeypatch):
-    monkeypatch.setattr(cores, "kept_cores", lambda: set())
+def test_timing_is_a_no_op_where_no_core_is_handed_out(monkeypatch):
+    monkeypatch.setattr(cores, "timing_cores", lambda backend: (set(), set()))
     before = os.sched_getaffinity(0)
     with cores.timing([os.getpid()]):
         assert os.sched_getaffinity(0) == before
@@ -96,7 +130,7 @@ def test_the_first_cores_handed_out_lie_on_different_physical_cores(monkeypatch)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand out")
 def test_on_cuda_every_program_of_a_window_is_timed_on_one_core_and_every_driver_on_another(monkeypatch):
     kept = sorted(os.sched_getaffinity(0))[:2]
-    monkeypatch.setattr(cores, "kept_cores", lambda: set(kept))
+    monkeypatch.setattr(cores, "kept_cores", lambda cores=None: set(kept))
     monkeypatch.setattr(cores, "_siblings", lambda cpu: frozenset({cpu}))
     children = [subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
                                  stdout=subprocess.PIPE, text=True) for _ in range(4)]
@@ -104,11 +138,27 @@ def test_on_cuda_every_program_of_a_window_is_timed_on_one_core_and_every_driver
         for child in children:
             child.stdout.readline()
         pids = [c.pid for c in children]
-        with cores.timing(pids[:2], pids[2:], one_core=True):
+        with cores.timing(pids[:2], pids[2:], backend="cuda"):
             assert [_affinity(pid) for pid in pids] == [{kept[0]}, {kept[0]}, {kept[1]}, {kept[1]}]
-        with cores.timing(pids[:2], pids[2:]):
-            assert all(_affinity(pid) == set(kept) for pid in pids)
     finally:
         for child in children:
             child.kill()
             child.wait()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.split("=", 1) for item in f.read().decode().split("\0") if "=" in item)
+
+
+def test_a_cpu_pairs_program_gets_a_thread_a_core_and_its_reference_passive_workers():
+    from hpc.config import SandboxConfig
+    from hpc.sandbox.prestart import start_pair
+
+    programs, _ = cores.timing_cores("cpu")
+    pair = start_pair(SandboxConfig(timeout_s=60), "cpu", env={"OMP_NUM_THREADS": "64"})
+    try:
+        assert _environ(pair.program.worker_pid)["OMP_NUM_THREADS"] == str(max(1, len(programs)))
+        assert _environ(pair.reference.worker_pid)["OMP_WAIT_POLICY"] == "PASSIVE"
+    finally:
+        pair.close()

@@ -5,12 +5,13 @@ evaluation's compiles run while another's window is timed: nvcc and its children
 compile workers, a candidate's load-time build. SCHED_IDLE keeps a compile from taking a core a
 timed program wants, but not from sharing a physical core (its hyperthread sibling), its caches
 and memory bandwidth with it. So on a host with 8 or more usable cores about a quarter of them
-(whole physical cores, at least 2) is kept: every compile is pinned to the others, and while a
-window is timed its processes (both pairs: the references that drive the calls, the candidate's
-and the baselines' programs) are pinned to the kept ones, on cuda every program to one core and
-every driver to another, then put back. What is timed then runs on the same quiet cores whichever
-evaluation it belongs to, and a process does not move between cores in the middle of its calls. Below 8 cores nothing is kept: a
-quarter of 2 or 4 cores would leave the timed programs too few.
+(whole physical cores, at least 2) is kept: every compile is pinned to the others. Below 8 cores
+nothing is kept from compiles: a quarter of 2 or 4 cores would leave the timed programs too few.
+
+While a window is timed its processes (both pairs: the references, the candidate's and the
+baselines' programs) and the harness's thread are pinned (timing_cores), then put back: what is
+timed runs on the same cores whichever evaluation it belongs to, and a process does not move
+between cores in the middle of its calls.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import contextlib
 import os
 import threading
 from typing import Iterable, Iterator, Sequence
+
+from hpc.sandbox import freeze
 
 MIN_CORES = 8
 
@@ -103,48 +106,97 @@ def compiling() -> Iterator[None]:
         _pin(_threads("self"), before)
 
 
-@contextlib.contextmanager
-def timing(programs: Sequence[int], drivers: Sequence[int] = (), one_core: bool = False) -> Iterator[None]:
-    """Every thread of the processes `programs` and `drivers`, and the calling thread (the harness's
-    side of the window), on the kept cores for the block (a window); each put back where it was
-    after (a thread started meanwhile goes where its process's first was).
+def timing_cores(backend: str, cores: Iterable[int] | None = None) -> tuple[set[int], set[int]]:
+    """Where a window's processes run, among `cores` (this thread's, by default): (the programs'
+    cores, the drivers' cores); both empty where nothing is pinned.
 
-    `one_core`: every program on the same kept core, every driver (the references that time them)
-    on a second one, on another physical core. A window runs one program at a time (the others wait
-    in a blocking read, a candidate's process is stopped), so each is timed on the very core the
-    others were. A GPU program's host path, timed in every call, moved 26% between fresh processes
-    left to the scheduler and 1.3% between processes held on one core; given a core each, the
-    programs of one window still moved apart by 2-38% between runs (docs/benchmarks.md). The
-    harness's thread goes on the kept cores left, if any. Otherwise all share the kept cores (a CPU
-    program's threads need more than one)."""
-    kept = by_physical_core(kept_cores())
-    if not kept:
-        yield
-        return
-    if one_core and len(kept) >= 2:
-        program_cores, driver_cores = {kept[0]}, {kept[1]}
-    else:
-        program_cores = driver_cores = set(kept)
-    own = {tid: os.sched_getaffinity(tid) for tid in (threading.get_native_id(),)}
-    _pin(own, set(kept) - program_cores - driver_cores or set(kept))
-    saved: dict[int, dict[int, set[int]]] = {}
-    for pids, target in ((programs, program_cores), (drivers, driver_cores)):
+    cuda, on the kept cores only: every program on the same one, every driver (the references that
+    time them) on a second, on another physical core. A window runs one program at a time (the
+    others wait in a blocking read, a candidate's process is stopped), so each is timed on the
+    very core the others were. A GPU program's host path, timed in every call, moved 26% between
+    fresh processes left to the scheduler and 1.3% between processes held on one core; given a
+    core each, the programs of one window still moved apart by 2-38% between runs
+    (docs/benchmarks.md).
+
+    cpu, on the kept cores or, below MIN_CORES, on all of them: the drivers (the harness, whose
+    clock times every frame, and the references between frames) on the first, every program on the
+    rest, with a thread a core (window_env). On 2 cores the programs' two threads shared them with
+    the clock and with the other programs' idling OpenMP workers, which spin for about 8 ms after
+    every parallel region: a chunk's first frames ran 2-4x its median and one window's speedup
+    moved by 1.7-13.5% (standard error) and up to 33% between runs; one thread each on a core of
+    their own, 1.7-3.9% (docs/benchmarks.md)."""
+    cores = set(os.sched_getaffinity(0) if cores is None else cores)
+    kept = by_physical_core(kept_cores(cores))
+    if backend == "cuda":
+        return ({kept[0]}, {kept[1]}) if len(kept) >= 2 else (set(kept), set(kept))
+    ordered = kept or by_physical_core(cores)
+    return (set(ordered[1:]), {ordered[0]}) if len(ordered) >= 2 else (set(), set())
+
+
+def window_env(backend: str, program: bool) -> dict[str, str]:
+    """What a process of a window gets in its environment on cpu. A program (timed): a thread per
+    core it is timed on; torch's intra-op pool and any OpenMP runtime the program loads size
+    themselves by it, and a candidate cannot take more cores (hpc.sandbox.seccomp). A reference
+    (not timed, on the drivers' core beside the harness's clock): OpenMP workers that sleep as soon
+    as their work is done, so that a check between frames leaves none spinning on the clock's core."""
+    if backend != "cpu":
+        return {}
+    if not program:
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    programs, _ = timing_cores(backend)
+    return {"OMP_NUM_THREADS": str(max(1, len(programs)))}
+
+
+def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], tries: int = 50) -> None:
+    """Every thread of every process in the trees under `pids` on `target` (each one's mask before
+    kept in `saved`), walked again until a walk finds none left to move: a thread started during a
+    walk by one not yet moved is moved on the next."""
+    for _ in range(tries):
+        moved = 0
         for pid in pids:
-            saved[pid] = {}
-            for tid in _threads(pid):
-                try:
-                    saved[pid][tid] = os.sched_getaffinity(tid)
-                except OSError:
-                    continue
-            _pin(saved[pid], target)
+            for proc in freeze.tree(pid):
+                for tid in _threads(proc):
+                    if tid in saved:
+                        continue
+                    try:
+                        saved[tid] = os.sched_getaffinity(tid)
+                        os.sched_setaffinity(tid, target)
+                    except OSError:   # ended meanwhile
+                        continue
+                    moved += 1
+        if not moved:
+            return
+
+
+@contextlib.contextmanager
+def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = "cpu") -> Iterator[dict]:
+    """Every thread of the processes `programs` and everything below them, and of `drivers`, and
+    the calling thread (the harness's side of the window), on the cores timing_cores gives them for
+    the block (a window); each put back where it was after (a thread started meanwhile goes where
+    its process's first was). The harness's thread goes on the kept cores left on cuda, if any,
+    and with the drivers on cpu, where its clock is the driver. Yields where they went, for the
+    record's conditions ({} where nothing was pinned)."""
+    program_cores, driver_cores = timing_cores(backend)
+    if not program_cores:
+        yield {}
+        return
+    kept = set(by_physical_core(kept_cores()))
+    own_cores = (kept - program_cores - driver_cores or kept) if backend == "cuda" else driver_cores
+    own = {threading.get_native_id(): os.sched_getaffinity(0)}
+    _pin(own, own_cores)
+    saved: dict[int, set[int]] = {}
+    _pin_trees(programs, program_cores, saved)
+    _pin_trees(drivers, driver_cores, saved)
     try:
-        yield
+        yield {"program_cores": sorted(program_cores), "driver_cores": sorted(driver_cores)}
     finally:
-        for pid, before in saved.items():
-            if not before:
-                continue
-            first = before[min(before)]
-            for tid in _threads(pid):
-                _pin([tid], before.get(tid, first))
+        for pid in [*programs, *drivers]:
+            for proc in freeze.tree(pid):
+                tids = _threads(proc)
+                first = saved.get(min(tids)) if tids else None
+                for tid in tids:
+                    before = saved.get(tid, first)
+                    if before is not None:
+                        _pin([tid], before)
         for tid, cores in own.items():
             _pin([tid], cores)

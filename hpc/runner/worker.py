@@ -529,7 +529,8 @@ class ProgramWorker(_Worker):
         t0 = time.monotonic()
         program = req.program
         if program == "candidate":
-            with compiling():   # a load-time build (load_inline) stays off the cores kept for timing
+            with compiling():   # a load-time build (load_inline) stays off the cores kept for timing (on cpu,
+                                # where the sandbox refuses the move, the process already starts there)
                 call = self._load_candidate(req)
             self.programs, self.graphs = {}, {}
         else:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from hpc.config import SandboxConfig
+from hpc.profile.cores import window_env
 from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox.exchange import Exchange
 from hpc.sandbox.messages import FailureKind, Ready
@@ -76,8 +77,10 @@ def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None
     reference = program = None
     try:
         reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend, trusted=True,
+                                     env=window_env(backend, program=False),
                                      pass_fds=Exchange.passed(exchange.reference))
-        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend, env=env, writable=writable,
+        program = SandboxedProcess("program", workroot / "candidate", sandbox, backend,
+                                   env={**(env or {}), **window_env(backend, program=True)}, writable=writable,
                                    pass_fds=Exchange.passed(exchange.program), trusted=trusted,
                                    join=reference if backend == "cuda" else None)   # CUDA IPC checks pids
     except BaseException:
