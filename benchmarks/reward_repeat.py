@@ -91,7 +91,8 @@ def differing_picks(keeps: list[Path]) -> list[str]:
 
 def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
-    speedup vs eager, calls a frame, compile ms / candidate ms, round_noise)}. Where the record
+    speedup vs eager, calls a frame, compile ms / candidate ms, round_noise, chunk_start of the
+    candidate, eager and torch.compile)}. Where the record
     keeps the baselines' frames (schema version 7), the speedups and the reward are read from the
     frames by this checkout's hpc.profile.window.paired_ratio and hpc.reward, so runs recorded
     before a change of the estimator are read as it reads them now; else as the record has them.
@@ -104,10 +105,21 @@ def figures(path: Path) -> dict[str, tuple]:
             r.speedup_eager = paired_ratio(r.eager_times_ms, r.candidate_times_ms, rounds)
             r.speedup_compile = paired_ratio(r.compile_times_ms, r.candidate_times_ms, rounds)
             r.reward = compute_reward(True, r.speedup_eager, r.speedup_compile, RewardConfig(**config.get("reward", {})))
+        rounds = json.loads(r.config or "{}").get("timing", {}).get("rounds", 10)
         out[r.task_id] = (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms,
                           r.overhead_ms, r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""),
-                          r.compile_ms / r.candidate_ms, round_noise(r))
+                          r.compile_ms / r.candidate_ms, round_noise(r),
+                          tuple(chunk_start(t or [], rounds) for t in (r.candidate_times_ms, r.eager_times_ms,
+                                                                       r.compile_times_ms)))
     return out
+
+
+def chunk_start(times_ms: list[float], rounds: int) -> float:
+    """A program's first frame of each round against that round's median, averaged over the rounds:
+    1.0 when a chunk starts as it goes on. Above it, the program's first frames after another
+    program's chunk ran slow (on 2 cores, the OpenMP workers the other left spinning)."""
+    spans = [(a, b) for a, b in round_spans(len(times_ms), rounds) if b - a >= 2]
+    return statistics.fmean(times_ms[a] / statistics.median(times_ms[a:b]) for a, b in spans) if spans else math.nan
 
 
 def round_noise(rec) -> float:
@@ -222,7 +234,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8)) for run in runs]
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, ())) for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
         ok = all(r[2] == "ok" for r in rows)
@@ -264,6 +276,11 @@ def main() -> int:
           f"{geomean([m[3] for m in medians.values()]):.2f}x vs eager")
     for line in co_movement(runs):
         print(line)
+    starts = [[r[11][k] for run in runs for r in run.values() if r[2] == "ok" and not math.isnan(r[11][k])]
+              for k in range(3)]
+    if all(starts):
+        print("a chunk's first frame against its round's median, mean over rows and runs: " + ", ".join(
+            f"{name} {statistics.fmean(xs):.2f}" for name, xs in zip(("candidate", "eager", "torch.compile"), starts)))
     print()
     for line in estimators(runs, tasks):
         print(line)

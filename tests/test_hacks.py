@@ -219,6 +219,9 @@ def test_candidate_cannot_rewrite_torch_compiles_cached_code(tmp_path, fast_conf
 
 
 def test_honest_workdir_is_paid(config):
+    # frames of up to 64 calls: one thread runs this ReLU in ~13 us on the cpu, below the noise of a
+    # handshake paid once every 4 calls, where the figures keep it (overhead 0) and the last line fails
+    config.timing.burst_max = 64
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), config)
     assert rec.status == "ok", rec.reason
     assert rec.correct and rec.compiled and rec.reward >= 1.0

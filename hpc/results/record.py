@@ -111,7 +111,9 @@ class EvalRecord:
                                      "`at` (UTC), `loadavg_1m`, `beside` (other evaluations running on the device), "
                                      "and on cuda `sm_clock_mhz`, `mem_clock_mhz`, `temperature_c`, `power_w`; "
                                      "`timed_by` (`graph replays` or `calls`; from protocol `outside-4`) and, when a "
-                                     "cuda window was timed by calls, `graphs_refused` (why); the same for every "
+                                     "cuda window was timed by calls, `graphs_refused` (why); `program_cores` and "
+                                     "`driver_cores`, where the window pinned the programs and the drivers (from "
+                                     "protocol `outside-5`; absent where nothing was pinned); the same for every "
                                      "program since they are timed in one window", json=True, added_in=4)
     speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: each of the "
                                                  "candidate's frames against eager's median in the same round of the "
