@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import asdict
 
+import numpy as np
 import torch
 
 from hpc.config import EvalConfig
@@ -166,7 +167,9 @@ class _HostAgent:
         self.slot = memoryview(self.slot_map) if self.slot_map is not None else memoryview(b"")
         self.staging = memoryview(self.staging_map) if self.staging_map is not None else memoryview(b"")
         self.flush_buffer = (ctypes.c_char * flush_bytes)() if flush_bytes else None
-        self.flushes = 0
+        if self.flush_buffer is not None:
+            ctypes.memset(self.flush_buffer, 1, flush_bytes)   # every page its own, not the shared zero page
+            self.flush_words = np.frombuffer(self.flush_buffer, dtype=np.uint64)
 
     def batch_size(self, calls: list[Call]) -> int:
         return self.batch
@@ -183,9 +186,14 @@ class _HostAgent:
         self.slot[at:at + n] = self.staging[index * self.per_call:index * self.per_call + n]
 
     def flush(self) -> None:
+        """Read the flush buffer through, on this thread: loads fill the cache with it and push the
+        inputs just published out to memory. A memset this large does not: glibc writes it with
+        non-temporal stores, around the cache, and left a call over a 64 MiB input 7.5-12% apart
+        between slots that differed only in where their pages landed; read, 128 MiB, 1.2-4.2%
+        (benchmarks/cpu_placement.py, docs/benchmarks.md). numpy's sum is one thread (6.6 ms over
+        128 MiB here): torch's would leave its OpenMP workers spinning beside the program timed next."""
         if self.flush_buffer is not None:
-            self.flushes += 1
-            ctypes.memset(self.flush_buffer, self.flushes & 0xFF, len(self.flush_buffer))
+            self.flush_words.sum()
 
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:
         start, at = index * self.per_call, position * self.layout.stride
