@@ -122,9 +122,9 @@ def timing_cores(backend: str, cores: Iterable[int] | None = None) -> tuple[set[
     clock times every frame, and the references between frames) on the first, every program on the
     rest, with a thread a core (window_env). On 2 cores the programs' two threads shared them with
     the clock and with the other programs' idling OpenMP workers, which spin for about 8 ms after
-    every parallel region: a chunk's first frames ran 2-4x its median and one window's speedup
-    moved by 1.7-13.5% (standard error) and up to 33% between runs; one thread each on a core of
-    their own, 1.7-3.9% (docs/benchmarks.md)."""
+    every parallel region: a chunk's first frame ran 2.5-3x its round's median and one window's
+    speedup had a standard error of 2.3-13.5%; one thread each, pinned so, 0.8-4.7%
+    (docs/benchmarks.md)."""
     cores = set(os.sched_getaffinity(0) if cores is None else cores)
     kept = by_physical_core(kept_cores(cores))
     if backend == "cuda":
