@@ -92,7 +92,7 @@ def differing_picks(keeps: list[Path]) -> list[str]:
 def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
     speedup vs eager, calls a frame, compile ms / candidate ms, round_noise, chunk_start of the
-    candidate, eager and torch.compile)}. Where the record
+    candidate, eager and torch.compile, the window's flush read rate in GB/s)}. Where the record
     keeps the baselines' frames (schema version 7), the speedups and the reward are read from the
     frames by this checkout's hpc.profile.window.paired_ratio and hpc.reward, so runs recorded
     before a change of the estimator are read as it reads them now; else as the record has them.
@@ -110,7 +110,8 @@ def figures(path: Path) -> dict[str, tuple]:
                           r.overhead_ms, r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""),
                           r.compile_ms / r.candidate_ms, round_noise(r),
                           tuple(chunk_start(t or [], rounds) for t in (r.candidate_times_ms, r.eager_times_ms,
-                                                                       r.compile_times_ms)))
+                                                                       r.compile_times_ms)),
+                          json.loads(r.conditions or "{}").get("candidate", {}).get("flush_gb_s", math.nan))
     return out
 
 
@@ -191,6 +192,28 @@ def co_movement(runs: list[dict[str, tuple]], under_ms: float = 1.0) -> list[str
     return lines
 
 
+def bandwidth_movement(runs: list[dict[str, tuple]]) -> list[str]:
+    """Does a row's vs-compile ratio move with the memory bandwidth its window got (the flush's read
+    rate, cpu)? Each row's ratio and flush rate as deviations from the row's medians, in percent,
+    pooled over rows and runs: a correlation far from 0 says the host's memory (another tenant of
+    the VM) moves the ratio, which a window cannot take out where the candidate and torch.compile
+    need bandwidth unequally."""
+    ratio: list[float] = []
+    flush: list[float] = []
+    for task in sorted(set().union(*runs)):
+        rows = [run[task] for run in runs if task in run and run[task][2] == "ok" and not math.isnan(run[task][12])]
+        if len(rows) < 2:
+            continue
+        ratio_median, flush_median = statistics.median(r[1] for r in rows), statistics.median(r[12] for r in rows)
+        ratio += [100 * (r[1] / ratio_median - 1) for r in rows]
+        flush += [100 * (r[12] / flush_median - 1) for r in rows]
+    if len(ratio) < 3 or len(set(ratio)) < 2 or len(set(flush)) < 2:
+        return []
+    return [f"vs compile against the window's flush rate, {len(ratio)} figures: correlation "
+            f"{statistics.correlation(flush, ratio):.2f}, slope {statistics.linear_regression(flush, ratio).slope:.2f}; "
+            f"flush rate's standard deviation from its row's median {statistics.pstdev(flush):.1f}%"]
+
+
 def spread_pct(xs: list[float]) -> str:
     """(max - min) / median of one figure over the runs, in percent."""
     median = statistics.median(xs)
@@ -234,7 +257,8 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, ())) for run in runs]
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), float("nan")))
+                for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
         ok = all(r[2] == "ok" for r in rows)
@@ -244,11 +268,12 @@ def main() -> int:
         within += ok and spread <= 0.03
         print(f"| {task} | {' / '.join(f'{x:g}' for x in rewards)} | {' / '.join(f'{x:.3f}' for x in ratios)} "
               f"| {100 * spread:.1f}% |")
-    print("\n| task | candidate ms per run (spread) | eager ms | compile ms | handshake ms |\n|---|---|---|---|---|")
-    for task in tasks:   # which figure moves: the candidate's, a baseline's, or the handshake taken off
+    print("\n| task | candidate ms per run (spread) | eager ms | compile ms | handshake ms | flush GB/s |"
+          "\n|---|---|---|---|---|---|")
+    for task in tasks:   # which figure moves: the candidate's, a baseline's, the handshake taken off, the memory
         rows = [run[task] for run in runs if task in run]
         print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) + f" ({spread_pct([r[i] for r in rows])})"
-                                         for i in (3, 4, 5, 6)) + " |")
+                                         for i in (3, 4, 5, 6)) + " | " + " / ".join(f"{r[12]:.1f}" for r in rows) + " |")
     beside = {}
     if args.beside:   # one more run, under other settings (--jobs 1), against the medians
         (beside,) = [figures(path) for path in sorted(args.beside.glob("run-*.h5"))[:1]] or [{}]
@@ -275,6 +300,8 @@ def main() -> int:
           f"{geomean([m[4] for m in medians.values()]):.2f}x vs torch.compile, "
           f"{geomean([m[3] for m in medians.values()]):.2f}x vs eager")
     for line in co_movement(runs):
+        print(line)
+    for line in bandwidth_movement(runs):
         print(line)
     starts = [[r[11][k] for run in runs for r in run.values() if r[2] == "ok" and not math.isnan(r[11][k])]
               for k in range(3)]

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from hpc.config import EvalConfig
 from hpc.hardware import conditions, versions
-from hpc.profile.cores import timing
+from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
-from hpc.profile.window import Entrant, EntrantError, Recording, handshake_ns, record_graphs, run_window, timed_by
+from hpc.profile.window import (Entrant, EntrantError, Recording, flush_rate, handshake_ns, record_graphs, run_window,
+                               timed_by)
 from hpc.sandbox.messages import Cost, FailureKind
 from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
@@ -115,7 +116,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     """Time eager or torch.compile (`program`: eager | compile[:mode]) alone, beside the empty
     program, in a worker pair: a new one, or `pair` (one started for this; the caller closes it);
     its figures and the conditions they were taken in. SandboxError when it cannot be timed."""
-    from hpc.profile.driver import PairDriver, graph_replays
+    from hpc.profile.driver import PairDriver, flush_bytes, graph_replays
 
     program = "compile:default" if program == "compile" else program
     if pair is None:
@@ -137,10 +138,13 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             raise SandboxError(f"{e}", FailureKind.ERROR) from None
         if recording.failure is not None:
             raise SandboxError(f"{recording.failed} could not be timed: {recording.failure.reason}", FailureKind.ERROR)
-    with lock.exclusive(), timing(*window_pids(pair), backend=cfg.backend) as placed:
-        measured = {**conditions(cfg.backend, lock.beside()), **placed}
-        window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
-    measured.update(timed_by(recording))
+    try:
+        with lock.exclusive(), timing(*window_pids(pair), backend=cfg.backend) as placed:
+            measured = {**conditions(cfg.backend, lock.beside()), **placed}
+            window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+    except PinError as e:
+        raise SandboxError(f"{program} could not be timed: {e}", FailureKind.ERROR) from None
+    measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
     if window.failure is not None:
         raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", FailureKind.ERROR)
     overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])

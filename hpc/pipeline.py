@@ -31,12 +31,12 @@ from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.compile.op_monitor import op_monitor_library
 from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
-from hpc.profile.cores import timing
+from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.driver import PairDriver, graph_replays
+from hpc.profile.driver import PairDriver, flush_bytes, graph_replays
 from hpc.profile.timing import Call, Failure, TimingStats, timing_calls, window_figures
-from hpc.profile.window import (Entrant, EntrantError, Recording, Window, handshake_ns, paired_ratio, record_graphs,
-                                run_window, timed_by)
+from hpc.profile.window import (Entrant, EntrantError, Recording, Window, flush_rate, handshake_ns, paired_ratio,
+                                record_graphs, run_window, timed_by)
 from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
@@ -280,11 +280,16 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                 with lock.exclusive(), timing(*window_pids(pair, baselines.result()), backend=cfg.backend) as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
-                measured.update(timed_by(recording))
+                measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
                 rec.conditions = json.dumps({name: measured for name in ["candidate", *programs]})
         except EntrantError as e:
             if e.name == "candidate":
                 raise e.error from None
+            rec.fail("baseline", f"baseline failed: {e}", "error")
+            return False
+        except PinError as e:   # the harness moves the baselines; a candidate may move its own threads
+            if pair.program.worker_pid in e.pids:
+                raise SandboxError(f"not timed: {e}", FailureKind.RUNTIME) from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
         clock.mark("profile")

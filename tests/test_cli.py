@@ -40,6 +40,7 @@ def test_eval_json_has_the_contract_fields_and_writes_hdf5(tmp_path, cache_dir):
     assert set(conditions) == {"candidate", "eager", "compile:default"}
     for measured in conditions.values():
         assert {"at", "loadavg_1m", "beside"} <= measured.keys() and measured["beside"] == 0
+        assert measured["flush_gb_s"] > 0   # the memory bandwidth one core got while the window ran
 
 
 def test_eval_of_a_failing_candidate_exits_one_and_keeps_its_record(tmp_path, cache_dir):

@@ -7,7 +7,11 @@ import threading
 
 import pytest
 
+from hpc.candidate import load_candidate
+from hpc.pipeline import evaluate
 from hpc.profile import cores
+from hpc.task import load_task
+from tests.conftest import RELU_TASK, TESTS
 
 
 def test_a_quarter_of_eight_or_more_cores_is_kept_from_compiles(monkeypatch):
@@ -111,6 +115,41 @@ def test_a_cpu_window_moves_its_programs_with_all_below_them_and_its_drivers_and
             proc.wait()
         if child:
             os.kill(child, 9)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
+def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_timed(monkeypatch):
+    """Pinning ends on a walk that finds every thread in place; a tree that still had threads to
+    move at the last walk (one that moves itself back, or starts threads faster than the walks) is
+    named, not timed, and everything goes back where it was."""
+    before = os.sched_getaffinity(0)
+    program_cores, _ = cores.timing_cores("cpu")
+    program = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        child = int(program.stdout.readline())
+        monkeypatch.setattr(cores._pin_trees, "__defaults__", (1,))   # one walk, which moves every thread
+        with pytest.raises(cores.PinError, match="did not stay on cores") as failed:
+            with cores.timing([program.pid], backend="cpu"):
+                pass
+        assert failed.value.pids == [program.pid]
+        assert _affinity(0) == _affinity(program.pid) == _affinity(child) == before
+        monkeypatch.undo()
+        with cores.timing([program.pid], backend="cpu"):   # the second walk finds them all in place
+            assert _affinity(program.pid) == _affinity(child) == program_cores
+    finally:
+        program.kill()
+        program.wait()
+        if child:
+            os.kill(child, 9)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
+def test_a_candidate_whose_threads_would_not_stay_pinned_is_not_paid(monkeypatch, fast_config):
+    monkeypatch.setattr(cores._pin_trees, "__defaults__", (1,))   # one walk: every tree still had threads to move
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert rec.status == "failed" and rec.reward == -1 and rec.failed_stage == "profile", rec.reason
+    assert "not timed: the threads under pid" in rec.reason and "did not stay on cores" in rec.reason
 
 
 def test_timing_is_a_no_op_where_no_core_is_handed_out(monkeypatch):

@@ -9,12 +9,14 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reward_repeat import co_movement  # noqa: E402
+from reward_repeat import bandwidth_movement, co_movement  # noqa: E402
 
 
-def _row(candidate: float, eager: float, compile_ms: float, handshake: float) -> tuple:
-    # (reward, speedup vs compile, status, candidate, eager, compile, handshake, speedup vs eager, burst)
-    return (3, compile_ms / candidate, "ok", candidate, eager, compile_ms, handshake, eager / candidate, 8)
+def _row(candidate: float, eager: float, compile_ms: float, handshake: float, flush_gb_s: float = 10.0) -> tuple:
+    # (reward, speedup vs compile, status, candidate, eager, compile, handshake, speedup vs eager, burst,
+    #  compile / candidate, round noise, chunk starts, the window's flush rate)
+    return (3, compile_ms / candidate, "ok", candidate, eager, compile_ms, handshake, eager / candidate, 8,
+            compile_ms / candidate, 0.01, (1.0, 1.0, 1.0), flush_gb_s)
 
 
 def test_a_slow_evaluation_moves_the_host_bound_figures_most():
@@ -34,3 +36,15 @@ def test_a_slow_evaluation_moves_the_host_bound_figures_most():
 def test_rows_of_a_millisecond_or_more_are_left_out():
     runs = [{"big": _row(2.0 * (1 + s), 4.0, 5.0 * (1 + s), 0.2)} for s in (0.0, 0.1, 0.2)]
     assert co_movement(runs) == []
+
+
+def test_a_ratio_that_follows_the_memory_bandwidth_of_its_window_reads_so():
+    """The candidate bandwidth-bound, torch.compile not: with less bandwidth the candidate slows and
+    the ratio falls with the flush rate; a row whose ratio holds gives no correlation."""
+    runs = [{"bound": _row(1.0 * 10 / gb, 3.0, 2.0, 0.1, gb), "held": _row(1.0, 3.0, 2.0 + k / 100, 0.1, gb)}
+            for k, gb in enumerate((10.0, 8.0, 11.0, 9.0))]
+    (line,) = bandwidth_movement(runs)
+    assert line.startswith("vs compile against the window's flush rate, 8 figures: correlation 0.") and "slope" in line
+    bound_only = [{"bound": run["bound"]} for run in runs]
+    assert "correlation 1.00" in bandwidth_movement(bound_only)[0]
+    assert bandwidth_movement([{"a": _row(1.0, 3.0, 2.0, 0.1, float("nan"))}] * 3) == []   # cuda: no flush rate

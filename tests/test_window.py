@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from hpc.profile.timing import Call, Failure, LoopResult, timing_calls
-from hpc.profile.window import (Entrant, EntrantError, chunks, handshake_ns, paired_ratio, record_graphs, round_spans,
-                               run_window, timed_by)
+from hpc.profile.window import (Entrant, EntrantError, Window, chunks, flush_rate, handshake_ns, paired_ratio,
+                               record_graphs, round_spans, run_window, timed_by)
 from hpc.sandbox.messages import CaptureReply
 from hpc.sandbox.process import SandboxError
 
@@ -48,7 +48,8 @@ class Scripted:
             self.log.append((program, call.seed))
             if call.timed:
                 times.append(call.seed)
-        return LoopResult(times, None, {"checked": sum(c.checked for c in calls), "max_abs_error": 0.5})
+        return LoopResult(times, None, {"checked": sum(c.checked for c in calls), "max_abs_error": 0.5},
+                          [2000 + call.seed for call in calls])   # a frame of one call: its flush
 
 
 def entrant(name: str, driver, warmup: int, timed: int, base: int) -> Entrant:
@@ -123,6 +124,15 @@ def test_every_round_runs_a_share_of_every_entrant_in_an_order_drawn_for_it():
         assert [p for p, _ in calls] == sorted((p for p, _ in calls), key=order.index)
     assert window.checks["candidate"]["checked"] == 5 and window.checks["eager"]["max_abs_error"] == 0.5
     assert window.failure is None
+
+
+def test_every_frames_cache_flush_in_the_window_is_its_memory_rate():
+    """Every entrant's flushes pooled: a read of so many bytes in so many ns is so many GB/s."""
+    window = run_window([entrant("candidate", Scripted([]), 1, 10, 0), entrant("eager", Scripted([]), 1, 10, 100)],
+                        5, random.Random(1))
+    assert sorted(window.flush_ns) == [2000 + s for s in range(11)] + [2100 + s for s in range(11)]
+    assert flush_rate(window, 4_000_000) == {"flush_gb_s": round(4e6 / statistics.median(window.flush_ns), 2)}
+    assert flush_rate(window, 0) == {} and flush_rate(Window(), 4_000_000) == {}   # the flush off; cuda
 
 
 def test_a_failure_names_its_entrant_and_its_call_among_its_own_and_ends_the_window():

@@ -147,25 +147,37 @@ def window_env(backend: str, program: bool) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, len(programs)))}
 
 
-def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], tries: int = 50) -> None:
-    """Every thread of every process in the trees under `pids` on `target` (each one's mask before
-    kept in `saved`), walked again until a walk finds none left to move: a thread started during a
-    walk by one not yet moved is moved on the next."""
-    for _ in range(tries):
-        moved = 0
+class PinError(Exception):
+    """The trees under `pids` still had threads to move after the last walk (_pin_trees)."""
+
+    def __init__(self, pids: list[int], cores: set[int], walks: int):
+        super().__init__(f"the threads under pid {', '.join(map(str, pids))} did not stay on cores {sorted(cores)} "
+                         f"through {walks} walks")
+        self.pids = pids
+
+
+def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], walks: int = 50) -> None:
+    """Every thread of every process in the trees under `pids` on `target` (each one's first mask
+    kept in `saved`), walked again until a walk finds every thread there: a thread started during a
+    walk by one not yet moved is moved on the next (one started by a moved thread starts there).
+    PinError, naming the trees, when `walks` walks do not get there: one that moves its threads back
+    (seccomp refuses that to an untrusted program off the GPU) or starts them faster than the walks."""
+    for _ in range(walks):
+        moved: list[int] = []
         for pid in pids:
             for proc in freeze.tree(pid):
                 for tid in _threads(proc):
-                    if tid in saved:
-                        continue
                     try:
-                        saved[tid] = os.sched_getaffinity(tid)
-                        os.sched_setaffinity(tid, target)
+                        mask = os.sched_getaffinity(tid)
+                        saved.setdefault(tid, mask)
+                        if mask != target:
+                            os.sched_setaffinity(tid, target)
+                            moved.append(pid)
                     except OSError:   # ended meanwhile
                         continue
-                    moved += 1
         if not moved:
             return
+    raise PinError(sorted(set(moved)), target, walks)
 
 
 @contextlib.contextmanager
@@ -175,7 +187,8 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
     the block (a window); each put back where it was after (a thread started meanwhile goes where
     its process's first was). The harness's thread goes on the kept cores left on cuda, if any,
     and with the drivers on cpu, where its clock is the driver. Yields where they went, for the
-    record's conditions ({} where nothing was pinned)."""
+    record's conditions ({} where nothing was pinned). PinError where a tree would not stay pinned,
+    with everything put back."""
     program_cores, driver_cores = timing_cores(backend)
     if not program_cores:
         yield {}
@@ -183,11 +196,11 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
     kept = set(by_physical_core(kept_cores()))
     own_cores = (kept - program_cores - driver_cores or kept) if backend == "cuda" else driver_cores
     own = {threading.get_native_id(): os.sched_getaffinity(0)}
-    _pin(own, own_cores)
     saved: dict[int, set[int]] = {}
-    _pin_trees(programs, program_cores, saved)
-    _pin_trees(drivers, driver_cores, saved)
     try:
+        _pin(own, own_cores)
+        _pin_trees(programs, program_cores, saved)
+        _pin_trees(drivers, driver_cores, saved)
         yield {"program_cores": sorted(program_cores), "driver_cores": sorted(driver_cores)}
     finally:
         for pid in [*programs, *drivers]:

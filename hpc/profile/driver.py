@@ -50,6 +50,12 @@ def most_calls(cfg: EvalConfig, burst: int) -> int:
                cfg.correctness.trials + len(cfg.correctness.distributions))
 
 
+def flush_bytes(cfg: EvalConfig) -> int:
+    """How much the cache flush before each timed frame reads (cpu) or writes (cuda); 0: none."""
+    t = cfg.timing
+    return (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
+
+
 def burst_for(cfg: EvalConfig, probe_ms: float, per_call_bytes: int, outputs: int) -> int:
     """How many calls a timed frame runs back to back: enough that the frame lasts
     `timing.frame_ms` at the reference's own speed (`probe_ms`), so that the handshake, paid once a
@@ -87,7 +93,7 @@ class PairDriver:
         layout = InputLayout.from_message(laid.layout)
         outputs = [TensorSpec.parse(o) for o in laid.outputs]
         t = cfg.timing
-        flush = (t.flush_bytes_cuda if cfg.backend == "cuda" else t.flush_bytes_cpu) if t.flush_cache else 0
+        flush = flush_bytes(cfg)
         budget = (t.batch_mb_cuda if cfg.backend == "cuda" else t.batch_mb_cpu) << 20
         per_call = align(layout.slot_bytes) + align(laid.output_bytes)
         burst = burst or burst_for(cfg, laid.probe_ms, per_call, len(outputs))

@@ -36,7 +36,7 @@ import hashlib
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, ProgramGone, TensorSpec, read_frame,
@@ -123,6 +123,7 @@ class LoopResult:
     times_ns: list[int]          # each timed frame's t1 - t0 over its calls, in order
     failure: Failure | None
     checks: dict                 # what the reference's check measured: max errors, calls checked
+    flush_ns: list[int] = field(default_factory=list)   # each frame's cache flush, on the harness's clock (cpu)
 
 
 def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: bool, deadline: float,
@@ -131,6 +132,7 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
     `batch_limit` calls when it is set: 1 checks each call before the next runs); stops at the
     first failure. `agent.batch_size` must hold the longest frame."""
     times: list[int] = []
+    flushes: list[int] = []
     checks: dict = {"checked": 0, "max_abs_error": 0.0, "max_rel_error": 0.0}
     spans = frames(calls)
     size = max(1, agent.batch_size(calls))
@@ -150,8 +152,10 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
             seq += 1
             for position in range(b - a):
                 agent.publish(a - start + position, position)
+            flushed = time.monotonic_ns()
             agent.flush()
             t0 = time.monotonic_ns()
+            flushes.append(t0 - flushed)
             send_frame(go_fd, seq, calls[a].poison, b - a)
             try:
                 got, status, _ = read_frame(done_fd, deadline, spin)
@@ -186,7 +190,7 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
                 failure.call += start
             return LoopResult(times, failure, checks)
         f = g
-    return LoopResult(times, None, checks)
+    return LoopResult(times, None, checks, flushes)
 
 
 def stop_program(go_fd: int) -> None:

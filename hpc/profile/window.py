@@ -66,6 +66,7 @@ class Window:
     orders: list[list[str]] = field(default_factory=list)          # the order of each round
     failed: str = ""                                              # the entrant whose loop failed
     failure: Failure | None = None                                 # its failure; call indexes its warmup + timed
+    flush_ns: list[int] = field(default_factory=list)             # every frame's cache flush (cpu)
 
 
 def round_spans(frames_count: int, rounds: int) -> list[tuple[int, int]]:
@@ -139,6 +140,7 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
         except SandboxError as e:
             raise EntrantError(entrant.name, e) from None
         window.times_ns[entrant.name] += result.times_ns
+        window.flush_ns += result.flush_ns
         checks = window.checks[entrant.name]
         checks["checked"] += result.checks.get("checked", 0)
         for key in ("max_abs_error", "max_rel_error"):
@@ -219,6 +221,17 @@ def timed_by(recording: Recording) -> dict[str, str]:
     if recording.graphs:
         return {"timed_by": "graph replays"}
     return {"timed_by": "calls", **({"graphs_refused": recording.reason} if recording.reason else {})}
+
+
+def flush_rate(window: Window, flush_bytes: int) -> dict[str, float]:
+    """The window's cache flushes, each a read of `flush_bytes` on the drivers' core before a
+    frame, as a read rate (GB/s, their median): the memory bandwidth one core got while the programs
+    were timed, which other work on the host (another tenant of the VM) takes its share of. A
+    memory-bound ratio moves with it where the candidate and a baseline need bandwidth unequally.
+    {} where nothing was flushed (cuda, whose flush is the device's; or the flush off)."""
+    if not window.flush_ns or not flush_bytes:
+        return {}
+    return {"flush_gb_s": round(flush_bytes / statistics.median(window.flush_ns), 2)}
 
 
 def handshake_ns(empty_ns: list[int]) -> tuple[float, float]:

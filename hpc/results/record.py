@@ -113,7 +113,9 @@ class EvalRecord:
                                      "`timed_by` (`graph replays` or `calls`; from protocol `outside-4`) and, when a "
                                      "cuda window was timed by calls, `graphs_refused` (why); `program_cores` and "
                                      "`driver_cores`, where the window pinned the programs and the drivers (from "
-                                     "protocol `outside-5`; absent where nothing was pinned); the same for every "
+                                     "protocol `outside-5`; absent where nothing was pinned); on cpu `flush_gb_s`, "
+                                     "the window's cache flushes as a read rate, the memory bandwidth one core got "
+                                     "while the programs were timed (from 2026-12-05); the same for every "
                                      "program since they are timed in one window", json=True, added_in=4)
     speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: each of the "
                                                  "candidate's frames against eager's median in the same round of the "
