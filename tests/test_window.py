@@ -232,9 +232,10 @@ def test_the_candidates_processes_are_stopped_while_every_other_entrant_runs(tmp
                         tree=program.pid),
                     entrant("eager", driver, 1, 8, 100), entrant("empty", driver, 1, 8, 200)]
         run_window(entrants, 4, random.Random(3))
-        assert {state for name, state in seen if name == "candidate"} <= {"S", "R"}   # going on (R: just woken)
+        going_on = {"S", "R", "D"}   # sleeping, just woken, or waiting on a page under a loaded machine's memory
+        assert {state for name, state in seen if name == "candidate"} <= going_on
         assert {state for name, state in seen if name != "candidate"} == {"T"}
-        assert _state(program.pid) in ("S", "R")             # left going on after the window
+        assert _state(program.pid) in going_on              # left going on after the window
     finally:
         program.kill()
         program.wait()
