@@ -277,7 +277,9 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     log.info("%s: timed by calls: %s", rec.task_id, recording.reason)
             window = Window(failed=recording.failed, failure=recording.failure)
             if recording.failure is None:
-                with lock.exclusive(), timing(*window_pids(pair, baselines.result()), backend=cfg.backend) as placed:
+                pinned = timing(*window_pids(pair, baselines.result()), backend=cfg.backend,
+                                trees=[pair.program.worker_pid])   # the candidate with all it started
+                with lock.exclusive(), pinned as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))

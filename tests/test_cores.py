@@ -88,32 +88,37 @@ _SLEEPER = ("import os, threading, time, subprocess, sys; threading.Thread(targe
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
-def test_a_cpu_window_moves_its_programs_with_all_below_them_and_its_drivers_and_back():
-    """Every thread of a program and of the processes it started goes on the programs' cores (a
-    child it started before the window would otherwise run on the other cores), a driver and the
-    harness's thread on the drivers' core; all back after."""
+def test_a_cpu_window_moves_its_programs_the_untrusted_one_with_all_below_it_and_its_drivers_and_back():
+    """Every thread of the untrusted program and of the processes it started goes on the programs'
+    cores (a child it started before the window would otherwise run on the other cores); a trusted
+    program's threads too, but not its children (a baseline's compile workers, still starting up,
+    would take turns with the timed programs); a driver and the harness's thread on the drivers'
+    core; all back after."""
     before = os.sched_getaffinity(0)
     program_cores, driver_cores = cores.timing_cores("cpu")
-    program = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
+    untrusted, trusted = (subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
+                          for _ in range(2))
     driver = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
-    child = 0
+    children = []
     try:
-        child = int(program.stdout.readline())
+        children = [int(untrusted.stdout.readline()), int(trusted.stdout.readline())]
         driver.stdout.readline()
-        tids = [int(t) for t in os.listdir(f"/proc/{program.pid}/task")] + [child]
-        assert len(tids) == 3
-        with cores.timing([program.pid], [driver.pid], backend="cpu"):
-            assert [_affinity(t) for t in tids] == [program_cores] * 3
+        tids = [int(t) for t in os.listdir(f"/proc/{untrusted.pid}/task")] + [children[0]]
+        trusted_tids = [int(t) for t in os.listdir(f"/proc/{trusted.pid}/task")]
+        assert len(tids) == 3 and len(trusted_tids) == 2
+        with cores.timing([untrusted.pid, trusted.pid], [driver.pid], backend="cpu", trees=[untrusted.pid]):
+            assert [_affinity(t) for t in tids + trusted_tids] == [program_cores] * 5
+            assert _affinity(children[1]) == before
             assert _affinity(driver.pid) == driver_cores
             assert _affinity(0) == driver_cores
-        assert [_affinity(t) for t in tids] == [before] * 3
+        assert [_affinity(t) for t in tids + trusted_tids + children[1:]] == [before] * 6
         assert _affinity(driver.pid) == before and _affinity(0) == before
     finally:
-        for proc in (program, driver):
+        for proc in (untrusted, trusted, driver):
             proc.kill()
             proc.wait()
-        if child:
+        for child in children:
             os.kill(child, 9)
 
 
@@ -128,14 +133,14 @@ def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_time
     child = 0
     try:
         child = int(program.stdout.readline())
-        monkeypatch.setattr(cores._pin_trees, "__defaults__", (1,))   # one walk, which moves every thread
+        monkeypatch.setattr(cores._pin_trees, "__defaults__", ((), 1))   # one walk, which moves every thread
         with pytest.raises(cores.PinError, match="did not stay on cores") as failed:
-            with cores.timing([program.pid], backend="cpu"):
+            with cores.timing([program.pid], backend="cpu", trees=[program.pid]):
                 pass
         assert failed.value.pids == [program.pid]
         assert _affinity(0) == _affinity(program.pid) == _affinity(child) == before
         monkeypatch.undo()
-        with cores.timing([program.pid], backend="cpu"):   # the second walk finds them all in place
+        with cores.timing([program.pid], backend="cpu", trees=[program.pid]):   # the second walk: all in place
             assert _affinity(program.pid) == _affinity(child) == program_cores
     finally:
         program.kill()
@@ -146,7 +151,7 @@ def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_time
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
 def test_a_candidate_whose_threads_would_not_stay_pinned_is_not_paid(monkeypatch, fast_config):
-    monkeypatch.setattr(cores._pin_trees, "__defaults__", (1,))   # one walk: every tree still had threads to move
+    monkeypatch.setattr(cores._pin_trees, "__defaults__", ((), 1))   # one walk: every tree still had threads to move
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
     assert rec.status == "failed" and rec.reward == -1 and rec.failed_stage == "profile", rec.reason
     assert "not timed: the threads under pid" in rec.reason and "did not stay on cores" in rec.reason

@@ -251,6 +251,8 @@ def test_honest_workdir_is_paid(config, monkeypatch):
     least_ms = max(0.0 if math.isnan(rec.floor_ms) else rec.floor_ms, resolution_ns / 1e6)
     stands_out = statistics.median(raw_ms) - overhead_ns / 1e6 >= least_ms
     assert overhead_ns > 0 and rec.overhead_ms == (overhead_ns / 1e6 if stands_out else 0.0)
+    if config.backend == "cuda":   # graph replays, the GPU machine alone: its noise is microseconds, a call's 0.1 ms
+        assert stands_out, (rec.candidate_times_ms, overhead_ns, resolution_ns)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Iterable, Iterator, Sequence
+from typing import Collection, Iterable, Iterator, Sequence
 
 from hpc.sandbox import freeze
 
@@ -156,16 +156,23 @@ class PinError(Exception):
         self.pids = pids
 
 
-def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], walks: int = 50) -> None:
-    """Every thread of every process in the trees under `pids` on `target` (each one's first mask
-    kept in `saved`), walked again until a walk finds every thread there: a thread started during a
-    walk by one not yet moved is moved on the next (one started by a moved thread starts there).
-    PinError, naming the trees, when `walks` walks do not get there: one that moves its threads back
-    (seccomp refuses that to an untrusted program off the GPU) or starts them faster than the walks."""
+def _processes(pid: int, trees: Collection[int]) -> list[int]:
+    """The processes pinned for `pid`: its whole tree where it is one of `trees`, else itself."""
+    return freeze.tree(pid) if pid in trees else [pid]
+
+
+def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], trees: Collection[int] = (),
+               walks: int = 50) -> None:
+    """Every thread of every process `pids` (with everything below it, for those in `trees`) on
+    `target` (each one's first mask kept in `saved`), walked again until a walk finds every thread
+    there: a thread started during a walk by one not yet moved is moved on the next (one started by
+    a moved thread starts there). PinError, naming the processes, when `walks` walks do not get
+    there: one that moves its threads back (seccomp refuses that to an untrusted program off the
+    GPU) or starts them faster than the walks."""
     for _ in range(walks):
         moved: list[int] = []
         for pid in pids:
-            for proc in freeze.tree(pid):
+            for proc in _processes(pid, trees):
                 for tid in _threads(proc):
                     try:
                         mask = os.sched_getaffinity(tid)
@@ -181,14 +188,18 @@ def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]]
 
 
 @contextlib.contextmanager
-def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = "cpu") -> Iterator[dict]:
-    """Every thread of the processes `programs` and everything below them, and of `drivers`, and
-    the calling thread (the harness's side of the window), on the cores timing_cores gives them for
-    the block (a window); each put back where it was after (a thread started meanwhile goes where
-    its process's first was). The harness's thread goes on the kept cores left on cuda, if any,
-    and with the drivers on cpu, where its clock is the driver. Yields where they went, for the
-    record's conditions ({} where nothing was pinned). PinError where a tree would not stay pinned,
-    with everything put back."""
+def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = "cpu",
+           trees: Collection[int] = ()) -> Iterator[dict]:
+    """Every thread of the processes `programs` and `drivers`, and the calling thread (the
+    harness's side of the window), on the cores timing_cores gives them for the block (a window);
+    each put back where it was after (a thread started meanwhile goes where its process's first
+    was). The programs in `trees` go with everything below them: an untrusted program's children
+    must not run wider than its baselines. A trusted one's children stay where they are: a
+    baseline's inductor compile workers, still starting up when its window opens, would otherwise
+    take turns with the timed programs on their core. The harness's thread goes on the kept cores
+    left on cuda, if any, and with the drivers on cpu, where its clock is the driver. Yields where
+    they went, for the record's conditions ({} where nothing was pinned). PinError where a tree
+    would not stay pinned, with everything put back."""
     program_cores, driver_cores = timing_cores(backend)
     if not program_cores:
         yield {}
@@ -199,12 +210,12 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
     saved: dict[int, set[int]] = {}
     try:
         _pin(own, own_cores)
-        _pin_trees(programs, program_cores, saved)
+        _pin_trees(programs, program_cores, saved, trees)
         _pin_trees(drivers, driver_cores, saved)
         yield {"program_cores": sorted(program_cores), "driver_cores": sorted(driver_cores)}
     finally:
         for pid in [*programs, *drivers]:
-            for proc in freeze.tree(pid):
+            for proc in _processes(pid, trees):
                 tids = _threads(proc)
                 first = saved.get(min(tids)) if tids else None
                 for tid in tids:

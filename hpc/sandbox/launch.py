@@ -181,7 +181,8 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
             "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock,
             "pid_namespace": policy.pid_namespace, "background": policy.background,
-            "cpus": sorted(compile_cores()) if policy.background or policy.seccomp == "strict" else None}
+            "cpus": sorted(compile_cores()) if policy.background or policy.seccomp in ("strict", "gpu")
+                     else None}
     status_r, status_w = os.pipe()
     fds = (*policy.pass_fds, status_w, *(() if policy.join is None else (policy.join,)))
     try:

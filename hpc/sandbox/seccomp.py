@@ -17,11 +17,11 @@ rlimits do the rest):
   of the host is closed: connect() -> ENOENT (what the driver sees on a machine without MPS; the
   network namespace has nothing else to reach), sendto() with an address -> EACCES, sendmsg() and
   sendmmsg() -> EACCES (their address is in memory seccomp cannot read).
-- sched_setaffinity -> EPERM (strict profile): a program off the GPU is timed on the cores the
-  harness pins it to, with as many threads as it has cores there, against baselines held alike
-  (hpc.profile.cores); one that could move itself, or a thread or child it starts, onto the other
-  cores would run wider than its baselines and read faster than it is. It starts on the cores
-  compiles may use (hpc.sandbox.launch); only the harness moves it.
+- sched_setaffinity -> EPERM (strict and gpu profiles): an untrusted program is timed on the
+  cores the harness pins it to, against baselines held alike (hpc.profile.cores); one that could
+  move itself, or a thread or child it starts, onto the other cores would run wider than its
+  baselines and read faster than it is. It starts on the cores compiles may use
+  (hpc.sandbox.launch); only the harness moves it.
 - io_uring_setup/enter/register: io_uring's operations (connect, openat, ...) are not seen by
   seccomp, so they would bypass this filter.
 - ptrace, process_vm_readv/writev: reading or writing another process (Landlock scopes ptrace
@@ -114,8 +114,9 @@ def program(profile: str, machine: str) -> list[tuple[int, int, int, int]]:
     prog += [(_JEQ, 0, 1, nr["clone3"]), ret_errno(errno.ENOSYS)]
     prog += [(_JEQ, 0, 4, nr["clone"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JSET, 0, 1, _CLONE_NEW),
              ret_errno(errno.EPERM), (_RET, 0, 0, _RET_ALLOW)]
-    if profile == "strict":
+    if profile in ("strict", "gpu"):
         prog += [(_JEQ, 0, 1, nr["sched_setaffinity"]), ret_errno(errno.EPERM)]
+    if profile == "strict":
         prog += [(_JEQ, 0, 4, nr["socket"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ, 0, 1, _AF_UNIX),
                  ret_errno(errno.EACCES), (_RET, 0, 0, _RET_ALLOW)]
     if profile == "gpu":

@@ -185,8 +185,8 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
     if spec["cpus"] and not os.sched_getaffinity(0) <= set(spec["cpus"]):
         try:   # a strict program cannot move itself (seccomp): it starts where compiles may run
             os.sched_setaffinity(0, spec["cpus"])
-        except PermissionError:   # started by a strict program (a compile it asks for): its seccomp
-            pass                  # holds this one where the sandbox it runs in was started
+        except PermissionError:   # started by an untrusted program (a compile it asks for): its
+            pass                  # seccomp holds this one where the sandbox it runs in was started
     for name, value in spec["limits"].items():
         which = _LIMITS[name]
         hard = resource.getrlimit(which)[1]
