@@ -99,13 +99,12 @@ def figures(path: Path) -> dict[str, tuple]:
     The ratio of the whole window's medians is beside."""
     out = {}
     for r in read_records(path):
+        config = json.loads(r.config or "{}")
+        rounds = config.get("timing", {}).get("rounds", 10)
         if r.status == "ok" and r.compile_times_ms and r.eager_times_ms:
-            config = json.loads(r.config or "{}")
-            rounds = config.get("timing", {}).get("rounds", 10)
             r.speedup_eager = paired_ratio(r.eager_times_ms, r.candidate_times_ms, rounds)
             r.speedup_compile = paired_ratio(r.compile_times_ms, r.candidate_times_ms, rounds)
             r.reward = compute_reward(True, r.speedup_eager, r.speedup_compile, RewardConfig(**config.get("reward", {})))
-        rounds = json.loads(r.config or "{}").get("timing", {}).get("rounds", 10)
         out[r.task_id] = (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms,
                           r.overhead_ms, r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""),
                           r.compile_ms / r.candidate_ms, round_noise(r),

@@ -289,7 +289,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                 raise e.error from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
-        except PinError as e:   # the harness moves the baselines; a candidate may move its own threads
+        except PinError as e:   # the baselines are the harness's; a candidate may start threads faster than the walks
             if pair.program.worker_pid in e.pids:
                 raise SandboxError(f"not timed: {e}", FailureKind.RUNTIME) from None
             rec.fail("baseline", f"baseline failed: {e}", "error")

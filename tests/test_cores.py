@@ -133,7 +133,7 @@ def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_time
     child = 0
     try:
         child = int(program.stdout.readline())
-        monkeypatch.setattr(cores._pin_trees, "__defaults__", ((), 1))   # one walk, which moves every thread
+        monkeypatch.setattr(cores, "PIN_WALKS", 1)   # one walk, which moves every thread
         with pytest.raises(cores.PinError, match="did not stay on cores") as failed:
             with cores.timing([program.pid], backend="cpu", trees=[program.pid]):
                 pass
@@ -151,7 +151,7 @@ def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_time
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
 def test_a_candidate_whose_threads_would_not_stay_pinned_is_not_paid(monkeypatch, fast_config):
-    monkeypatch.setattr(cores._pin_trees, "__defaults__", ((), 1))   # one walk: every tree still had threads to move
+    monkeypatch.setattr(cores, "PIN_WALKS", 1)   # one walk: every tree still had threads to move
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
     assert rec.status == "failed" and rec.reward == -1 and rec.failed_stage == "profile", rec.reason
     assert "not timed: the threads under pid" in rec.reason and "did not stay on cores" in rec.reason

@@ -24,6 +24,7 @@ from typing import Collection, Iterable, Iterator, Sequence
 from hpc.sandbox import freeze
 
 MIN_CORES = 8
+PIN_WALKS = 50   # walks of the trees a window may take to find every thread in place (timing)
 
 
 def _siblings(cpu: int) -> frozenset[int]:
@@ -161,16 +162,15 @@ def _processes(pid: int, trees: Collection[int]) -> list[int]:
     return freeze.tree(pid) if pid in trees else [pid]
 
 
-def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], trees: Collection[int] = (),
-               walks: int = 50) -> None:
+def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], trees: Collection[int] = ()) -> None:
     """Every thread of every process `pids` (with everything below it, for those in `trees`) on
     `target` (each one's first mask kept in `saved`), walked again until a walk finds every thread
     there: a thread started during a walk by one not yet moved is moved on the next (one started by
-    a moved thread starts there). PinError, naming the processes, when `walks` walks do not get
-    there: one that moves its threads back (seccomp refuses that to an untrusted program off the
-    GPU) or starts them faster than the walks."""
-    for _ in range(walks):
-        moved: list[int] = []
+    a moved thread starts there). PinError, naming the processes, when PIN_WALKS walks do not get
+    there: one that moves its threads back (seccomp refuses that to every untrusted program) or
+    starts them faster than the walks."""
+    for _ in range(PIN_WALKS):
+        moved: set[int] = set()
         for pid in pids:
             for proc in _processes(pid, trees):
                 for tid in _threads(proc):
@@ -179,12 +179,12 @@ def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]]
                         saved.setdefault(tid, mask)
                         if mask != target:
                             os.sched_setaffinity(tid, target)
-                            moved.append(pid)
+                            moved.add(pid)
                     except OSError:   # ended meanwhile
                         continue
         if not moved:
             return
-    raise PinError(sorted(set(moved)), target, walks)
+    raise PinError(sorted(moved), target, PIN_WALKS)
 
 
 @contextlib.contextmanager

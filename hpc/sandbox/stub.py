@@ -183,7 +183,7 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, 0, 19)
     if spec["cpus"] and not os.sched_getaffinity(0) <= set(spec["cpus"]):
-        try:   # a strict program cannot move itself (seccomp): it starts where compiles may run
+        try:   # an untrusted program cannot move itself (seccomp): it starts where compiles may run
             os.sched_setaffinity(0, spec["cpus"])
         except PermissionError:   # started by an untrusted program (a compile it asks for): its
             pass                  # seccomp holds this one where the sandbox it runs in was started
