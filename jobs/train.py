@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 
 import submitit  # noqa: E402
 
-from hpc.entry import Parser, summary  # noqa: E402
+from hpc.entry import Parser, exit_together, summary  # noqa: E402
 from hpc.errors import UsageError, UserError, writable_folder  # noqa: E402
 from hpc.executor import add_executor_args, make_executor  # noqa: E402
 from hpc.logs import ON_EVERY_RANK, JobLogging, add_logging_args, setup_logging  # noqa: E402
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = submit(args) if args.submit else train(args.config, args.out, args.pool, args.trainers, args.quiet)
     except UserError as e:   # every rank reads the same arguments and config
         log.error("error: %s", e, extra=ON_EVERY_RANK)
-        return 2
+        return exit_together(2)
     if summary is not None:
         for stage, reward in summary.get("measured", {}).items():
             print(f"{stage}: mean reward {reward:.3f}")

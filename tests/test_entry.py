@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -67,3 +68,46 @@ def test_a_submitted_training_job_s_user_error_is_one_line_and_exit_2(tmp_path):
     assert late.returncode == 2 and "Traceback" not in late.stderr, late.stderr[-3000:]
     assert late.stderr.startswith("submitted job ") and len(errors) == 1, late.stderr
     assert errors[0].startswith("error: config policy.parallel: tensor 1 x pipeline 2 does not divide"), errors
+
+
+RANKS_LEAVE = """
+import sys, time
+from mpi4py import MPI
+from hpc.entry import exit_together
+
+rank = MPI.COMM_WORLD.Get_rank()
+if rank == 0:
+    time.sleep(float(sys.argv[1]))
+    print("error: rank 0 says why", file=sys.stderr, flush=True)
+else:
+    time.sleep(float(sys.argv[2]))
+sys.exit(exit_together(2, wait_s=float(sys.argv[3])))
+"""
+
+
+def _ranks_leave(rank0_s: float, rank1_s: float, wait_s: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    return subprocess.run(["mpirun", "-n", "2", "--bind-to", "none", sys.executable, "-m", "mpi4py", "-c", RANKS_LEAVE,
+                           str(rank0_s), str(rank1_s), str(wait_s)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_ranks_leaving_with_an_error_wait_for_rank_0_s_line():
+    """Under `python -m mpi4py` a rank's exit 2 was an MPI_Abort that could kill rank 0 before it
+    wrote the error line standing for all (seen in CI): now the ranks leave together, exit 2."""
+    proc = _ranks_leave(rank0_s=2, rank1_s=0, wait_s=30)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "error: rank 0 says why" in proc.stderr and "MPI_ABORT" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_a_rank_that_does_not_come_ends_the_job_by_abort():
+    """Rank 1 is elsewhere (here, asleep for a minute): rank 0 stops waiting and the abort ends both."""
+    import time
+
+    started = time.monotonic()
+    proc = _ranks_leave(rank0_s=0, rank1_s=60, wait_s=1)
+    assert proc.returncode == 2, proc.stdout + proc.stderr   # Open MPI's abort notice itself is sometimes garbled
+    assert time.monotonic() - started < 30, "the abort did not end the sleeping rank"

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpc.entry import exit_now, summary
+from hpc.entry import exit_finalized, exit_now, exit_together, summary
 from hpc.errors import UsageError, UserError
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             return run(args, LocalBackend(eval_cfg))
     except UserError as e:   # every rank reads the same arguments and config
         log.error("error: %s", e, extra=ON_EVERY_RANK)
-        return 2
+        return exit_together(2)
 
 
 def _pool_main(args: argparse.Namespace, eval_cfg: EvalConfig) -> int:
@@ -195,7 +195,7 @@ def _pool_main(args: argparse.Namespace, eval_cfg: EvalConfig) -> int:
         clean = pool.close()
     if not clean:   # a lost rank: MPI_Finalize would wait for it
         exit_now(code)
-    return code
+    return exit_finalized(code)   # with the stopped workers
 
 
 if __name__ == "__main__":

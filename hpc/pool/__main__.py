@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpc.entry import exit_now, summary
+from hpc.entry import exit_finalized, exit_now, exit_together, summary
 from hpc.errors import UsageError, UserError, check_results_name
 from hpc.logs import ON_EVERY_RANK, add_logging_args, setup_logging
 
@@ -128,12 +128,7 @@ def coordinate(comm, args, cfg) -> int:
         log.warning("pool: lost %s", reason)
     if not clean:   # MPI_Finalize would wait for the lost ranks
         exit_now(code or (0 if pool.live else 3))
-    if code:   # a non-zero exit through mpi4py would be an MPI_ABORT: finalize with the stopped workers first
-        from mpi4py import MPI
-
-        MPI.Finalize()
-        exit_now(code)
-    return code
+    return exit_finalized(code)   # with the stopped workers
 
 
 def write_status(path: str, items: int, finished: int, error: str | None) -> None:
@@ -163,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("error: %s", e, extra=ON_EVERY_RANK)
         if comm.Get_rank() == 0 and args is not None and args.status_file:
             write_status(args.status_file, 0, 0, str(e))
-        return 2
+        return exit_together(2)
     workers = comm.Split(0 if comm.Get_rank() == 0 else 1, comm.Get_rank())
     if comm.Get_rank() == 0:
         return coordinate(comm, args, cfg)
