@@ -123,3 +123,39 @@ def test_closing_while_a_spare_starts_leaves_no_process(fast_config):
     for s in started:
         if s.pair is not None:
             assert not _alive(s.pair.reference.proc.pid) and not s.pair.workroot.exists()
+
+
+HARNESS_KILLED = """
+import time
+from hpc.config import SandboxConfig
+from hpc.sandbox.prestart import start_pair
+pair = start_pair(SandboxConfig(), "cpu")
+print(pair.workroot, pair.reference.worker_pid, pair.program.worker_pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_workroot_of_a_killed_harness_is_swept_by_the_next(tmp_path):
+    """A harness SIGKILLed mid-evaluation leaves its workroot (the evaluation's copies of the task
+    and candidate); the next harness to start a pair on the node removes it: its owner lock is free."""
+    import signal
+    import subprocess
+    import sys
+
+    from hpc.sandbox.tempdirs import OWNER_LOCK, sweep
+    from tests.conftest import ROOT
+
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS_KILLED], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(tmp_path)})
+    workroot, *workers = harness.stdout.readline().split()
+    try:
+        assert (Path(workroot) / OWNER_LOCK).exists()
+        assert sweep("hpc-eval-", tmp_path) == 0, "a live harness's workroot was swept"
+    finally:
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_alive(int(p)) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert Path(workroot).is_dir()
+    assert sweep("hpc-eval-", tmp_path) == 1 and not Path(workroot).exists()

@@ -51,6 +51,7 @@ from typing import Iterable
 
 from hpc.profile.cores import compile_cores
 from hpc.sandbox import seccomp, stub
+from hpc.sandbox.tempdirs import owned_tempdir
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,8 @@ def python_path_dir() -> str:
     global _path_dir
     with _path_dir_lock:
         if _path_dir is None:
-            folder = tempfile.mkdtemp(prefix="hpc-pythonpath-")
+            path, _owner = owned_tempdir("hpc-pythonpath-")   # the lock held for the process's life
+            folder = str(path)
             os.chmod(folder, 0o755)
             os.symlink(PACKAGE_DIR, os.path.join(folder, "hpc"), target_is_directory=True)
             atexit.register(shutil.rmtree, folder, True)

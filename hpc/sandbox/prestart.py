@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox.exchange import Exchange
 from hpc.sandbox.messages import FailureKind, Ready
 from hpc.sandbox.process import SandboxedProcess, SandboxError
+from hpc.sandbox.tempdirs import owned_tempdir
 
 READY_TIMEOUT_S = 300.0
 
@@ -37,12 +37,14 @@ READY_TIMEOUT_S = 300.0
 @dataclass
 class WorkerPair:
     """The two processes of one evaluation, in `workroot`/reference and `workroot`/candidate, and
-    the memory and pipes they share (hpc.sandbox.exchange)."""
+    the memory and pipes they share (hpc.sandbox.exchange); `owner`: the file holding the
+    workroot's owner lock (hpc.sandbox.tempdirs: a killed harness's workroot is swept later)."""
 
     workroot: Path
     reference: SandboxedProcess
     program: SandboxedProcess
     exchange: Exchange
+    owner: int = -1
 
     @property
     def candidate_dir(self) -> Path:
@@ -58,6 +60,9 @@ class WorkerPair:
         self.program.close()
         self.exchange.close()
         shutil.rmtree(self.workroot, ignore_errors=True)
+        if self.owner >= 0:
+            os.close(self.owner)
+            self.owner = -1
 
 
 def window_pids(*pairs: WorkerPair) -> tuple[list[int], list[int]]:
@@ -71,11 +76,11 @@ def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None
     """A new reference + program pair in a new workroot (the program may write `writable` too and
     gets `env` added to its environment; `trusted`: the program runs the harness's own baselines,
     not a candidate)."""
-    workroot = Path(tempfile.mkdtemp(prefix="hpc-eval-"))
+    workroot, owner = owned_tempdir("hpc-eval-")
     os.chmod(workroot, 0o711)   # the workers' own folders are reachable under a dropped uid, not listable
-    exchange = Exchange.create(backend)
-    reference = program = None
+    exchange = reference = program = None
     try:
+        exchange = Exchange.create(backend)
         reference = SandboxedProcess("reference", workroot / "reference", sandbox, backend, trusted=True,
                                      env=window_env(backend, program=False),
                                      pass_fds=Exchange.passed(exchange.reference))
@@ -87,11 +92,13 @@ def start_pair(sandbox: SandboxConfig, backend: str, writable: list[Path] | None
         for proc in (reference, program):
             if proc is not None:
                 proc.close()
-        exchange.close()
+        if exchange is not None:
+            exchange.close()
         shutil.rmtree(workroot, ignore_errors=True)
+        os.close(owner)
         raise
     exchange.after_start()
-    return WorkerPair(workroot, reference, program, exchange)
+    return WorkerPair(workroot, reference, program, exchange, owner)
 
 
 def harness_file(source: Path, workdir: Path, name: str, sha256: str = "") -> Path:
