@@ -62,7 +62,8 @@ def config(request, fast_config, cache_dir):
     return fast_config if request.param == "cpu" else request.getfixturevalue("cuda_config")
 
 
-PAID_BY_REAL_TIME = ["clock_rewrite", "predicted_inputs"]   # correct, forging in vain: paid as honest (below)
+PAID_BY_REAL_TIME = ["clock_rewrite", "predicted_inputs", "early_start"]   # correct, forging in vain: paid
+                                                                         # as honest (below)
 
 
 def test_every_hack_folder_has_an_expectation():
@@ -154,6 +155,23 @@ def test_inputs_predicted_from_the_init_seed_never_come(tmp_path, config, monkey
     assert attack.status == "ok" and honest.status == "ok", (attack.reason, honest.reason)
     attack_ratio, honest_ratio = attack.candidate_ms / attack.eager_ms, honest.candidate_ms / honest.eager_ms
     assert attack_ratio > 0.3 * honest_ratio, (attack.candidate_ms, attack.eager_ms, honest.candidate_ms,
+                                               honest.eager_ms)
+
+
+def test_a_call_computed_before_its_clock_starts_is_paid_by_its_real_time(fast_config):
+    """early_start's native thread watches the input slot and computes each call's ReLU while the
+    harness flushes the cache, before t0 (cpu: the harness publishes the inputs, then flushes);
+    the timed call hands the finished result back. Before the candidate was held stopped through
+    publish and flush it was paid 11.4x torch.compile and reward 3 (its honest twin: 1.08x, reward
+    1); now it is paid by its real time. Each against eager timed in its own window, as the reward
+    compares it: the two evaluations run apart. On cuda the copy engines publish the inputs just
+    before t0 (docs/security.md, "Computing while its inputs arrive")."""
+    task = load_task(RELU_LARGE)
+    attack = evaluate(task, load_candidate(HACKS / "early_start"), fast_config)
+    honest = evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert attack.status == "ok" and honest.status == "ok", (attack.reason, honest.reason)
+    attack_ratio, honest_ratio = attack.candidate_ms / attack.eager_ms, honest.candidate_ms / honest.eager_ms
+    assert attack_ratio > 0.5 * honest_ratio, (attack.candidate_ms, attack.eager_ms, honest.candidate_ms,
                                                honest.eager_ms)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from hpc.config import EvalConfig
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
+from hpc.sandbox import freeze
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, map_fd,
                                   read_failure, read_outputs, read_process_memory, validated_outputs)
 from hpc.sandbox.prestart import WorkerPair, harness_file
@@ -73,10 +74,13 @@ def burst_for(cfg: EvalConfig, probe_ms: float, per_call_bytes: int, outputs: in
 
 
 class PairDriver:
-    """One worker pair, set up for one task, running calls under the timing protocol."""
+    """One worker pair, set up for one task, running calls under the timing protocol. `hold`: the
+    pid of the program process when it runs a candidate (0 for the baselines' trusted one): on cpu
+    it is kept stopped, with everything below it, while each frame's inputs are published and the
+    cache flushed, so that nothing it left running sees the inputs before its clock starts."""
 
-    def __init__(self, pair: WorkerPair, cfg: EvalConfig):
-        self.pair, self.cfg = pair, cfg
+    def __init__(self, pair: WorkerPair, cfg: EvalConfig, hold: int = 0):
+        self.pair, self.cfg, self.hold = pair, cfg, hold
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
 
@@ -108,7 +112,7 @@ class PairDriver:
                                   task=str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
                                   slot_handle=attached.slot_handle))
         if cfg.backend != "cuda":
-            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, burst)
+            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, burst, self.hold)
         return {"layout": layout, "outputs": outputs, "burst": burst}
 
     def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
@@ -160,11 +164,18 @@ def _reference_kind(e: SandboxError) -> FailureKind:
 
 class _HostAgent:
     """The cpu driver's work, in the harness: staging -> slot, the cache flush, outputs read out
-    of the program's memory."""
+    of the program's memory.
+
+    A frame's inputs are published and the cache flushed (6.6 ms over 128 MiB here) before its
+    clock starts. A thread the candidate left running could watch its slot meanwhile and compute
+    the call before it is timed: `early_start` (tests/hacks) did, and was paid 11.4x torch.compile
+    where its honest twin is 1.08x. So the candidate's process tree (`hold`) is stopped before the
+    first input of a frame is written and let go on once the flush is done, just before t0."""
 
     def __init__(self, pair: WorkerPair, layout: InputLayout, outputs: list[TensorSpec], per_call: int,
-                 batch: int, flush_bytes: int, burst: int):
+                 batch: int, flush_bytes: int, burst: int, hold: int = 0):
         ex = pair.exchange
+        self.hold, self.held = hold, False
         self.ref, self.pid = pair.reference, pair.program.worker_pid
         self.layout, self.outputs, self.per_call, self.batch = layout, outputs, per_call, batch
         self.header = map_fd(ex.header, HEADER_BYTES)
@@ -188,6 +199,12 @@ class _HostAgent:
         return None
 
     def publish(self, index: int, position: int) -> None:
+        if self.hold and not self.held:
+            try:
+                freeze.stop(self.hold)
+            except freeze.FreezeError as e:
+                raise SandboxError(f"its processes could not be stopped: {e}", FailureKind.RUNTIME) from None
+            self.held = True
         n, at = self.layout.slot_bytes, position * self.layout.stride
         self.slot[at:at + n] = self.staging[index * self.per_call:index * self.per_call + n]
 
@@ -197,9 +214,13 @@ class _HostAgent:
         non-temporal stores, around the cache, and left a call over a 64 MiB input 7.5-12% apart
         between slots that differed only in where their pages landed; read, 128 MiB, 1.2-4.2%
         (benchmarks/cpu_placement.py, docs/benchmarks.md). numpy's sum is one thread (6.6 ms over
-        128 MiB here): torch's would leave its OpenMP workers spinning beside the program timed next."""
+        128 MiB here): torch's would leave its OpenMP workers spinning beside the program timed next.
+        Called last before t0: the held candidate goes on here."""
         if self.flush_buffer is not None:
             self.flush_words.sum()
+        if self.held:
+            freeze.resume(self.hold)
+            self.held = False
 
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:
         start, at = index * self.per_call, position * self.layout.stride
