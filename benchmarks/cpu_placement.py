@@ -183,8 +183,6 @@ def main() -> int:
             if args.fragment:
                 fragment(held)
             slots = {name: Placement(inputs, args.memory) for name in programs}   # each its own, as in an evaluation
-            for place in slots.values():
-                place.publish()
             times: dict[str, list[int]] = {name: [] for name in programs}
             for k in range(5 + args.calls):
                 for name, program in programs.items():
@@ -196,8 +194,10 @@ def main() -> int:
                     t0 = time.perf_counter_ns()
                     program(*slots[name].args)
                     times[name].append(time.perf_counter_ns() - t0)
-            huge = statistics.mean(huge_share(place.address, place.nbytes) for place in slots.values())
-            line = [f"on huge pages {huge:.2f}"] if args.memory == "thp" else []
+            line = []
+            if args.memory == "thp":
+                huge = statistics.mean(huge_share(place.address, place.nbytes) for place in slots.values())
+                line.append(f"on huge pages {huge:.2f}")
             for name in programs:
                 medians[name].append(statistics.median(times[name][5:]) / 1e6)
                 line.append(f"{name} {medians[name][-1]:.3f} ms")

@@ -57,8 +57,7 @@ def exit_together(code: int, wait_s: float = 10.0) -> int:
         if time.monotonic() > deadline:
             return code
         time.sleep(0.01)
-    exit_finalized(code)
-    return code
+    return exit_finalized(code)
 
 
 def exit_finalized(code: int) -> int:
