@@ -35,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hpc.sandbox.exchange import huge_page_share  # noqa: E402
+
 
 def slot(nbytes: int) -> mmap.mmap:
     """Shared memory as the exchange's slot is: a memfd, mapped."""
@@ -70,32 +72,6 @@ def task_programs(task_path: Path, solution: Path):
     return {"candidate": candidate, "eager": eager, "compile": torch.compile(eager)}, task.get_inputs()
 
 
-HUGE = 2 << 20
-
-
-def huge_anonymous(nbytes: int) -> tuple[mmap.mmap, int]:
-    """Private anonymous memory asked to be backed by transparent huge pages (MADV_HUGEPAGE; the
-    kernel's `enabled` setting `madvise` or `always` grants it), and the offset of its first 2 MiB
-    boundary."""
-    memory = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # shared would be shmem
-    memory.madvise(mmap.MADV_HUGEPAGE)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
-    return memory, -address % HUGE
-
-
-def huge_share(address: int, nbytes: int) -> float:
-    """The share of [address, address + nbytes) the kernel holds on huge pages (/proc/self/smaps)."""
-    inside, huge = False, 0
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:
-            low, high = (int(v, 16) for v in fields[0].split("-"))
-            inside = low <= address < high
-        elif inside and fields[0] == "AnonHugePages:":
-            huge = int(fields[1]) << 10
-    return min(1.0, huge / max(nbytes, 1))
-
-
 def fragment(held: list, pages: int = 40_000) -> None:
     """Scatter the kernel's free memory: take `pages` pages, give every other one back."""
     memory = mmap.mmap(-1, pages * 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -108,13 +84,14 @@ def fragment(held: list, pages: int = 40_000) -> None:
 
 
 class Placement:
-    """One slot holding a call's inputs (each tensor 4 KiB aligned), and the tensors over it:
-    `memory` "memfd" (the exchange's slot) or "thp" (huge_anonymous)."""
+    """One slot holding a call's inputs (each tensor 256-byte aligned), and the tensors over it:
+    `memory` "memfd" (the exchange's slot before `outside-6`) or "thp" (hpc.sandbox.exchange.HostSlot,
+    the cpu program's slot since)."""
 
     def __init__(self, inputs: list, memory: str = "memfd"):
         import torch
 
-        from hpc.sandbox.exchange import align
+        from hpc.sandbox.exchange import HostSlot, align
 
         self.tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
         offsets, at = [], 0
@@ -122,13 +99,13 @@ class Placement:
             offsets.append(at)
             at += align(x.nbytes)
         self.nbytes = max(at, 1)
-        base = 0
         if memory == "thp":
-            self.memory, base = huge_anonymous(self.nbytes)
+            self.memory = HostSlot(self.nbytes)
+            buffer, self.address = self.memory.view, self.memory.address
         else:
-            self.memory = slot(self.nbytes)
-        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.memory)) + base
-        self.views = [torch.frombuffer(self.memory, dtype=x.dtype, count=x.numel(), offset=base + o).view(x.shape)
+            self.memory = buffer = slot(self.nbytes)
+            self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.memory))
+        self.views = [torch.frombuffer(buffer, dtype=x.dtype, count=x.numel(), offset=o).view(x.shape)
                       for x, o in zip(self.tensors, offsets)]
         views = iter(self.views)
         self.args = [next(views) if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -196,7 +173,8 @@ def main() -> int:
                     times[name].append(time.perf_counter_ns() - t0)
             line = []
             if args.memory == "thp":
-                huge = statistics.mean(huge_share(place.address, place.nbytes) for place in slots.values())
+                huge = statistics.mean(huge_page_share(os.getpid(), place.address, place.nbytes) or 0.0
+                                       for place in slots.values())
                 line.append(f"on huge pages {huge:.2f}")
             for name in programs:
                 medians[name].append(statistics.median(times[name][5:]) / 1e6)

@@ -144,7 +144,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
             window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
     except PinError as e:
         raise SandboxError(f"{program} could not be timed: {e}", FailureKind.ERROR) from None
-    measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
+    measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)), **driver.placement())
     if window.failure is not None:
         raise SandboxError(f"{window.failed} could not be timed: {window.failure.reason}", FailureKind.ERROR)
     overhead_ns, _ = handshake_ns(window.times_ns[EMPTY])

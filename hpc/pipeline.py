@@ -283,7 +283,8 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
-                rec.conditions = json.dumps({name: measured for name in ["candidate", *programs]})
+                rec.conditions = json.dumps({"candidate": {**measured, **driver.placement()},
+                                             **{name: {**measured, **baseline_driver.placement()} for name in programs}})
         except EntrantError as e:
             if e.name == "candidate":
                 raise e.error from None

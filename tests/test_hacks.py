@@ -175,6 +175,15 @@ def test_a_call_computed_before_its_clock_starts_is_paid_by_its_real_time(fast_c
                                                honest.eager_ms)
 
 
+def test_a_program_that_seals_its_input_slot_fails_its_own_call(fast_config):
+    """On cpu the input slot is the program's own memory, written by the harness from outside
+    (process_vm_writev): a candidate that makes it read-only fails the next call as its own runtime
+    error (reward -1), not the harness's, and the harness goes on."""
+    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "sealed_slot"), fast_config)
+    assert rec.status == "failed" and rec.failed_stage == "verify", rec.reason
+    assert "could not be written into its input slot" in rec.reason and rec.reward == -1.0
+
+
 def test_every_seed_is_drawn_on_its_own():
     """No seed a call's inputs come from is the init seed (which the candidate reads) plus an offset,
     and two evaluations share none."""

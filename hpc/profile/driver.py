@@ -1,10 +1,10 @@
 """The harness's side of the timing protocol (hpc.profile.timing): set a worker pair up and run
 calls through it.
 
-On cpu the harness drives the calls itself: it copies each call's inputs from staging (where the
-reference made them) into the program's slot, flushes the last-level cache, times the call on its
-own clock, and copies a checked call's outputs out of the program's memory with process_vm_readv
-the moment it answers. On cuda the reference worker drives (it owns the device memory involved)
+On cpu the harness drives the calls itself: it writes each call's inputs from staging (where the
+reference made them) into the program's slot, in the program's own memory, with process_vm_writev;
+flushes the last-level cache, times the call on its own clock, and copies a checked call's outputs
+out of the program's memory with process_vm_readv the moment it answers. On cuda the reference worker drives (it owns the device memory involved)
 and the harness waits for its report.
 """
 
@@ -21,8 +21,9 @@ import torch
 from hpc.config import EvalConfig
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
 from hpc.sandbox import freeze
-from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, map_fd,
-                                  read_failure, read_outputs, read_process_memory, validated_outputs)
+from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, huge_page_share,
+                                  map_fd, read_failure, read_outputs, read_process_memory, validated_outputs,
+                                  write_process_memory)
 from hpc.sandbox.prestart import WorkerPair, harness_file
 from hpc.sandbox.messages import (Attach, Capture, CaptureReply, Check, FailureKind, Load, LoadReply, Prepare,
                                   ProgramSetup, ReferenceSetup, Run, Serve, decode)
@@ -83,6 +84,7 @@ class PairDriver:
         self.pair, self.cfg, self.hold = pair, cfg, hold
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
+        self.huge_pages: float | None = None   # cpu: the share of the program's input slot on huge pages
 
     def setup(self, task: Task, init_seed: int, probe_seed: int, burst: int = 0) -> dict:
         """Lay out the task's inputs and outputs (reference), share the slot, map it in the program;
@@ -103,17 +105,24 @@ class PairDriver:
         burst = burst or burst_for(cfg, laid.probe_ms, per_call, len(outputs))
         batch = max(burst, min(most_calls(cfg, burst), budget // max(per_call, 1)))
         staging = batch * per_call if cfg.backend != "cuda" else 0
-        os.ftruncate(ex.slot, burst * layout.stride if cfg.backend != "cuda" else 0)
         os.ftruncate(ex.staging, staging)
         shared = {"layout": laid.layout, "outputs": laid.outputs, "spin": self.spin, "burst": burst}
         attached = ref.request(Attach(**shared, fds=ex.reference.to_message(), correctness=asdict(cfg.correctness),
                                       flush_bytes=flush, batch_bytes=budget, staging_bytes=staging, per_call=per_call))
-        prog.request(ProgramSetup(**common, **shared, fds=ex.program.to_message(),
-                                  task=str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
-                                  slot_handle=attached.slot_handle))
+        made = prog.request(ProgramSetup(**common, **shared, fds=ex.program.to_message(),
+                                         task=str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
+                                         slot_handle=attached.slot_handle))
         if cfg.backend != "cuda":
-            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, burst, self.hold)
+            if layout.slot_bytes and made.slot_address <= 0:
+                raise SandboxError("malformed reply from the program process: no input slot")
+            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, made.slot_address, self.hold)
+            self.huge_pages = huge_page_share(prog.worker_pid, made.slot_address, burst * layout.stride)
         return {"layout": layout, "outputs": outputs, "burst": burst}
+
+    def placement(self) -> dict:
+        """Where the program's inputs lie, for the record's conditions: on cpu the share of its input
+        slot on huge pages (`inputs_on_huge_pages`); {} on cuda or where it could not be read."""
+        return {} if self.huge_pages is None else {"inputs_on_huge_pages": round(self.huge_pages, 3)}
 
     def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         """Run `calls` of `program` (one the program process holds; default: its candidate, or its
@@ -163,8 +172,8 @@ def _reference_kind(e: SandboxError) -> FailureKind:
 
 
 class _HostAgent:
-    """The cpu driver's work, in the harness: staging -> slot, the cache flush, outputs read out
-    of the program's memory.
+    """The cpu driver's work, in the harness: staging -> the program's slot, the cache flush,
+    outputs read out of the program's memory.
 
     A frame's inputs are published and the cache flushed (6.6 ms over 128 MiB here) before its
     clock starts. A thread the candidate left running could watch its slot meanwhile and compute
@@ -173,16 +182,16 @@ class _HostAgent:
     first input of a frame is written and let go on once the flush is done, just before t0."""
 
     def __init__(self, pair: WorkerPair, layout: InputLayout, outputs: list[TensorSpec], per_call: int,
-                 batch: int, flush_bytes: int, burst: int, hold: int = 0):
+                 batch: int, flush_bytes: int, slot_address: int, hold: int = 0):
         ex = pair.exchange
         self.hold, self.held = hold, False
         self.ref, self.pid = pair.reference, pair.program.worker_pid
         self.layout, self.outputs, self.per_call, self.batch = layout, outputs, per_call, batch
+        self.slot_address = slot_address
         self.header = map_fd(ex.header, HEADER_BYTES)
-        self.slot_map = map_fd(ex.slot, burst * layout.stride)
         self.staging_map = map_fd(ex.staging, batch * per_call)
-        self.slot = memoryview(self.slot_map) if self.slot_map is not None else memoryview(b"")
         self.staging = memoryview(self.staging_map) if self.staging_map is not None else memoryview(b"")
+        self.readback = memoryview(bytearray(layout.slot_bytes))   # a checked call's inputs, read back
         self.flush_buffer = (ctypes.c_char * flush_bytes)() if flush_bytes else None
         if self.flush_buffer is not None:
             ctypes.memset(self.flush_buffer, 1, flush_bytes)   # every page its own, not the shared zero page
@@ -198,15 +207,25 @@ class _HostAgent:
             return Failure(_reference_kind(e), f"reference: {e.reason}")
         return None
 
-    def publish(self, index: int, position: int) -> None:
+    def publish(self, index: int, position: int) -> Failure | None:
+        """Write a call's inputs into the program's slot (a program that unmapped or protected it
+        fails the call)."""
         if self.hold and not self.held:
             try:
                 freeze.stop(self.hold)
             except freeze.FreezeError as e:
                 raise SandboxError(f"its processes could not be stopped: {e}", FailureKind.RUNTIME) from None
             self.held = True
-        n, at = self.layout.slot_bytes, position * self.layout.stride
-        self.slot[at:at + n] = self.staging[index * self.per_call:index * self.per_call + n]
+        n, at = self.layout.slot_bytes, index * self.per_call
+        if not n:
+            return None
+        try:
+            write_process_memory(self.pid, self.slot_address + position * self.layout.stride,
+                                 self.staging[at:at + n])
+        except OSError as e:
+            self._release()
+            return Failure(FailureKind.RUNTIME, f"its inputs could not be written into its input slot: {e}")
+        return None
 
     def flush(self) -> None:
         """Read the flush buffer through, on this thread: loads fill the cache with it and push the
@@ -218,15 +237,22 @@ class _HostAgent:
         Called last before t0: the held candidate goes on here."""
         if self.flush_buffer is not None:
             self.flush_words.sum()
+        self._release()
+
+    def _release(self) -> None:
         if self.held:
             freeze.resume(self.hold)
             self.held = False
 
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:
-        start, at = index * self.per_call, position * self.layout.stride
-        if call.check_inputs:
+        start = index * self.per_call
+        if call.check_inputs and self.layout.slot_bytes:
+            try:
+                read_process_memory(self.pid, self.slot_address + position * self.layout.stride, self.readback)
+            except OSError as e:
+                return Failure(FailureKind.RULES, f"its input slot could not be read after the call: {e}")
             modified = modified_input(self.layout, lambda e: not torch.equal(
-                torch.frombuffer(self.slot, dtype=torch.uint8, count=e.nbytes, offset=at + e.offset),
+                torch.frombuffer(self.readback, dtype=torch.uint8, count=e.nbytes, offset=e.offset),
                 torch.frombuffer(self.staging, dtype=torch.uint8, count=e.nbytes, offset=start + e.offset)))
             if modified is not None:
                 return modified

@@ -43,11 +43,12 @@ from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, P
                                   send_frame)
 from hpc.sandbox.messages import FailureKind
 
-PROTOCOL = "outside-5"     # kept with every record: outside clock, programs side by side in one window,
+PROTOCOL = "outside-6"     # kept with every record: outside clock, programs side by side in one window,
                            # timed calls in bursts; on cuda each burst a graph replay where every program
                            # of the window can be recorded (the record's conditions say: timed_by); on
                            # cpu every program on the cores the drivers leave, a thread a core
-                           # (hpc.profile.cores; the conditions say: program_cores, driver_cores)
+                           # (hpc.profile.cores; the conditions say: program_cores, driver_cores), its
+                           # inputs in its own memory on huge pages (inputs_on_huge_pages)
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 
@@ -111,7 +112,7 @@ class Agent(Protocol):
 
     def batch_size(self, calls: list[Call]) -> int: ...
     def prepare(self, calls: list[Call]) -> Failure | None: ...
-    def publish(self, index: int, position: int) -> None: ...
+    def publish(self, index: int, position: int) -> Failure | None: ...
     def flush(self) -> None: ...
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None: ...
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]: ...
@@ -151,7 +152,10 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
         for a, b in spans[f:g]:
             seq += 1
             for position in range(b - a):
-                agent.publish(a - start + position, position)
+                failure = agent.publish(a - start + position, position)
+                if failure is not None:
+                    failure.call = a + position
+                    return LoopResult(times, failure, checks)
             flushed = time.monotonic_ns()
             agent.flush()
             t0 = time.monotonic_ns()

@@ -30,13 +30,13 @@ from hpc.runner.guard import ALLOWED_OPS, ForwardGuard, RuleViolation
 from hpc.runner.inputs import as_tuple, init_model, make_inputs
 from hpc.runner.op_monitor import OpMonitor
 from hpc.sandbox import cuda_ipc
-from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, ExchangeFds, InputLayout,
+from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, ExchangeFds, HostSlot, InputLayout,
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
                                   read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
                                   write_outputs)
 from hpc.sandbox.messages import (WORKER_KINDS, Attach, AttachReply, Capture, CaptureReply, Check, CheckReply, Cost,
                                   CostReply, FailureKind, Load, LoadReply, Ok, Outputs, OutputsReply, Prepare,
-                                  ProgramSetup, Ready, ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run,
+                                  ProgramSetup, ProgramSetupReply, Ready, ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run,
                                   RunReply, Serve, ServeReply, SetupReply)
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
@@ -268,7 +268,6 @@ class ReferenceWorker(_Worker):
             self.slot = cuda_ipc.DeviceBuffer(self.burst * self.layout.stride, self.device)
             self.slot_handle = self.slot.export()
             return AttachReply(self.slot_handle.hex())
-        self.slot_map = map_fd(self.fds.slot, self.burst * self.layout.stride)
         self.staging_map = map_fd(self.fds.staging, req.staging_bytes)
         self.staging = (torch.frombuffer(self.staging_map, dtype=torch.uint8) if self.staging_map is not None
                         else torch.empty(0, dtype=torch.uint8))
@@ -409,10 +408,11 @@ class _DeviceAgent:
         while not self.event.query():
             pass
 
-    def publish(self, index: int, position: int) -> None:
+    def publish(self, index: int, position: int) -> Failure | None:
         size, at = self.ref.layout.slot_bytes, position * self.ref.layout.stride
         with torch.cuda.stream(self.stream):
             self.ref.slot.tensor[at:at + size].copy_(self.private[index * size:(index + 1) * size])
+        return None
 
     def flush(self) -> None:
         if self.flush_src is not None:
@@ -485,13 +485,14 @@ class ProgramWorker(_Worker):
     process holds the empty program, eager Model and each torch.compile mode; a candidate's process
     holds the candidate alone once it is loaded."""
 
-    def setup(self, req: ProgramSetup) -> Ok:
-        """Map the slot's positions (one call's inputs each) and prepare the empty program. No
-        candidate code runs here."""
+    def setup(self, req: ProgramSetup) -> ProgramSetupReply:
+        """Make (cpu: hpc.sandbox.exchange.HostSlot) or map (cuda) the slot's positions, one call's
+        inputs each, and prepare the empty program. No candidate code runs here."""
         self.setup_task(req)
         self.attach_exchange(req)
         burst, stride = req.burst, self.layout.stride
         self.slot_bytes = burst * stride
+        self.host_slot: HostSlot | None = None
         if self.device.type == "cuda":
             self.mappings = cuda_ipc.Mappings()
             try:
@@ -500,8 +501,11 @@ class ProgramWorker(_Worker):
             except (ValueError, cuda_ipc.IpcError) as e:
                 raise WorkerError(f"the input slot could not be mapped: {e}", FailureKind.HARNESS) from None
         else:
-            self.slot_map = map_fd(self.fds.slot, self.slot_bytes)
-            slot = (torch.frombuffer(self.slot_map, dtype=torch.uint8) if self.slot_map is not None
+            try:
+                self.host_slot = HostSlot(self.slot_bytes) if self.slot_bytes else None
+            except OSError as e:
+                raise WorkerError(f"the input slot could not be made: {e}", FailureKind.HARNESS) from None
+            slot = (torch.frombuffer(self.host_slot.view, dtype=torch.uint8) if self.host_slot is not None
                     else torch.empty(0, dtype=torch.uint8))
         self.positions = [_views(slot[k * stride:], self.layout) for k in range(burst)]
         self.inputs = self.positions[0]
@@ -512,7 +516,7 @@ class ProgramWorker(_Worker):
         self.call = self.programs["empty"]
         self.graphs: dict[str, Replay] = {}
         self.replay: Replay | None = None
-        return Ok()
+        return ProgramSetupReply(self.host_slot.address if self.host_slot is not None else 0)
 
     @staticmethod
     def _monitor(req: Load) -> OpMonitor:

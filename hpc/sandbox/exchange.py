@@ -10,8 +10,11 @@ checks (the harness on cpu, with process_vm_readv; the reference on cuda, throug
 
 - header (8 KiB memfd; harness, reference, program): the program's description of its last
   outputs (where they are, dtype, shape, strides) or of its failure.
-- slot (memfd on cpu; harness, reference, program): the inputs of the next call. On cuda the slot
-  is a device allocation of the reference's own, exported once to the program.
+- slot: the inputs of the next frame's calls. On cpu, private anonymous memory of the program's
+  own (`HostSlot`: 2 MiB aligned, on transparent huge pages where the host grants them), which the
+  harness writes with process_vm_writev; on 4 KiB pages a row's figure moved with where its input's
+  pages landed in physical memory (up to 30%, docs/benchmarks.md). On cuda, a device allocation of
+  the reference's own, exported once to the program.
 - staging (memfd on cpu; harness and reference only): a batch of inputs the reference made, and
   the outputs the harness captured, for the reference to check.
 - go pipe (driver -> program) and done pipe (program -> driver): one 24-byte frame per frame of
@@ -249,7 +252,6 @@ class ExchangeFds:
     """The file descriptor numbers a worker was started with (they stay open under these numbers)."""
 
     header: int
-    slot: int
     staging: int = -1          # reference only
     go: int = -1               # program: read end; driver: write end
     done: int = -1             # program: write end; driver: read end
@@ -270,7 +272,6 @@ class Exchange:
 
     backend: str
     header: int = field(default=-1)
-    slot: int = field(default=-1)
     staging: int = field(default=-1)
     go_read: int = field(default=-1)
     go_write: int = field(default=-1)
@@ -284,14 +285,13 @@ class Exchange:
         ex = cls(backend)
         ex.header = os.memfd_create("hpc-header", os.MFD_CLOEXEC)
         os.ftruncate(ex.header, HEADER_BYTES)
-        ex.slot = os.memfd_create("hpc-slot", os.MFD_CLOEXEC)
         ex.staging = os.memfd_create("hpc-staging", os.MFD_CLOEXEC)
         ex.go_read, ex.go_write = os.pipe2(os.O_CLOEXEC)
         ex.done_read, ex.done_write = os.pipe2(os.O_CLOEXEC)
         driver = not ex.harness_drives
-        ex.reference = ExchangeFds(ex.header, ex.slot, ex.staging, ex.go_write if driver else -1,
+        ex.reference = ExchangeFds(ex.header, ex.staging, ex.go_write if driver else -1,
                                    ex.done_read if driver else -1)
-        ex.program = ExchangeFds(ex.header, ex.slot, -1, ex.go_read, ex.done_write)
+        ex.program = ExchangeFds(ex.header, -1, ex.go_read, ex.done_write)
         return ex
 
     @property
@@ -300,7 +300,7 @@ class Exchange:
 
     @staticmethod
     def passed(fds: ExchangeFds) -> tuple[int, ...]:
-        return tuple(fd for fd in (fds.header, fds.slot, fds.staging, fds.go, fds.done) if fd >= 0)
+        return tuple(fd for fd in (fds.header, fds.staging, fds.go, fds.done) if fd >= 0)
 
     def after_start(self) -> None:
         """Both workers started: close the ends only they use, so a dead worker shows as EOF."""
@@ -312,7 +312,7 @@ class Exchange:
                 setattr(self, name, -1)
 
     def close(self) -> None:
-        for name in ("header", "slot", "staging", "go_read", "go_write", "done_read", "done_write"):
+        for name in ("header", "staging", "go_read", "go_write", "done_read", "done_write"):
             fd = getattr(self, name)
             if fd >= 0:
                 try:
@@ -327,7 +327,49 @@ def map_fd(fd: int, nbytes: int) -> mmap.mmap | None:
     return mmap.mmap(fd, nbytes) if nbytes else None
 
 
-# --- reading a stopped-or-waiting program's memory (cpu) --------------------------------------
+# --- a cpu program's input slot, and its memory read and written from outside (cpu) -----------
+
+HUGE_PAGE = 2 << 20
+
+
+class HostSlot:
+    """A cpu program's input slot: private anonymous memory, 2 MiB aligned, advised onto transparent
+    huge pages (MADV_HUGEPAGE, which the common `madvise` setting grants), every page touched here,
+    so that where it lies in physical memory is settled before any call and is the same few pages
+    for every call. Made by the program's trusted setup, before any candidate code runs."""
+
+    def __init__(self, nbytes: int):
+        span = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        self.map = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        offset = -base % HUGE_PAGE
+        try:
+            self.map.madvise(mmap.MADV_HUGEPAGE, offset, span)
+        except (AttributeError, OSError):
+            pass   # no transparent huge pages here: 4 KiB pages, and the conditions say so
+        self.address = base + offset
+        ctypes.memset(self.address, 0, span)
+        self.view = memoryview(self.map)[offset:offset + nbytes]
+
+
+def huge_page_share(pid: int, address: int, nbytes: int) -> float | None:
+    """The share of `nbytes` at `address` of process `pid` that lies on huge pages
+    (/proc/PID/smaps: AnonHugePages of the mappings over the range); None where it cannot be read."""
+    if nbytes <= 0:
+        return None
+    end, huge, inside = address + nbytes, 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo < end and hi > address
+                elif inside and head == "AnonHugePages:":
+                    huge += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return min(1.0, huge / (-(-nbytes // HUGE_PAGE) * HUGE_PAGE))
 
 
 class _IoVec(ctypes.Structure):
@@ -337,25 +379,40 @@ class _IoVec(ctypes.Structure):
 _libc = None
 
 
-def read_process_memory(pid: int, address: int, into: memoryview) -> None:
-    """Copy len(into) bytes at `address` of process `pid` into `into` (process_vm_readv); OSError
-    when the range is not readable there (a bad claim or a process that hid itself)."""
+def _process_vm(name: str):
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.process_vm_readv.restype = ctypes.c_ssize_t
-        _libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+        for fn in ("process_vm_readv", "process_vm_writev"):
+            getattr(_libc, fn).restype = ctypes.c_ssize_t
+            getattr(_libc, fn).argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                                            ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
-    n = len(into)
+    return getattr(_libc, name)
+
+
+def _transfer(name: str, verb: str, pid: int, address: int, local: memoryview) -> None:
+    fn = _process_vm(name)
+    n = len(local)
     done = 0
-    buf = (ctypes.c_char * n).from_buffer(into) if n else None
+    buf = (ctypes.c_char * n).from_buffer(local) if n else None
     base = ctypes.addressof(buf) if n else 0
     while done < n:
-        local = _IoVec(base + done, n - done)
-        remote = _IoVec(address + done, n - done)
-        got = _libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        here = _IoVec(base + done, n - done)
+        there = _IoVec(address + done, n - done)
+        got = fn(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
         if got <= 0:
             err = ctypes.get_errno() if got < 0 else errno.EFAULT
-            raise OSError(err, f"cannot read {n} bytes at {address:#x} of process {pid}: {os.strerror(err)}")
+            raise OSError(err, f"cannot {verb} {n} bytes at {address:#x} of process {pid}: {os.strerror(err)}")
         done += got
 
+
+def read_process_memory(pid: int, address: int, into: memoryview) -> None:
+    """Copy len(into) bytes at `address` of process `pid` into `into` (process_vm_readv); OSError
+    when the range is not readable there (a bad claim or a process that hid itself)."""
+    _transfer("process_vm_readv", "read", pid, address, into)
+
+
+def write_process_memory(pid: int, address: int, data: memoryview) -> None:
+    """Copy `data` (a writable buffer) to `address` of process `pid` (process_vm_writev); OSError
+    when the range is not writable there (a process that unmapped or protected its slot)."""
+    _transfer("process_vm_writev", "write", pid, address, data)

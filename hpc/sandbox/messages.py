@@ -127,7 +127,7 @@ class AttachReply(Reply):
 
 @dataclass(frozen=True)
 class Attach(Request):
-    """Map the exchange in the reference (cpu: slot and staging; cuda: a slot of its own)."""
+    """Map the exchange in the reference (cpu: staging; cuda: a slot of its own)."""
     op: ClassVar[str] = "attach"
     reply: ClassVar[type[Reply]] = AttachReply
     layout: dict
@@ -231,9 +231,16 @@ class Repeatable(Request):
 
 
 @dataclass(frozen=True)
+class ProgramSetupReply(Reply):
+    slot_address: int = 0   # on cpu, where the program's input slot (hpc.sandbox.exchange.HostSlot) lies; 0 on cuda
+
+
+@dataclass(frozen=True)
 class ProgramSetup(Request):
-    """Map the slot's positions and prepare the empty program; no candidate code runs."""
+    """Make (cpu) or map (cuda) the slot's positions and prepare the empty program; no candidate
+    code runs."""
     op: ClassVar[str] = "setup"
+    reply: ClassVar[type[Reply]] = ProgramSetupReply
     task: str
     scale: str
     init_seed: int
