@@ -17,6 +17,13 @@ import signal
 import time
 
 
+# How long a tree may take to stop. A thread in uninterruptible sleep (a page fault or a write on a
+# loaded machine) stops only when it leaves it; the wait is never inside a timed interval (the
+# driver's hold runs before t0, the window's between chunks), so a long one costs an honest
+# candidate nothing, while a tree that forks faster than the walks still fails, this much later.
+STOP_TIMEOUT_S = 10.0
+
+
 class FreezeError(Exception):
     """The tree did not stop in time (a process in uninterruptible sleep, or forking faster than
     the walks)."""
@@ -58,7 +65,7 @@ def _running(pid: int) -> bool:
     return False
 
 
-def stop(root: int, timeout: float = 1.0) -> int:
+def stop(root: int, timeout: float = STOP_TIMEOUT_S) -> int:
     """SIGSTOP `root` and its whole tree and wait until every process in it is stopped; how many
     processes were stopped. FreezeError after `timeout` seconds."""
     deadline = time.monotonic() + timeout
