@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hpc.errors import TaskError, read_input, shown, utf8_name
+from hpc.parsing import parse
 
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 SCALES = ("cpu", "gpu")
@@ -48,7 +49,7 @@ def load_task(path: str | Path) -> Task:
     if not utf8_name(path.name):
         raise TaskError(f"{what}: file name is not valid UTF-8 (the task id is stored as text)")
     try:
-        tree = ast.parse(source, filename=shown(path))
+        tree = parse(source, filename=shown(path))
     except (SyntaxError, ValueError) as e:   # ValueError: NUL bytes, on some Python versions
         line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
         raise TaskError(f"{what}: syntax error{line}: {getattr(e, 'msg', e)}") from None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc.candidate import MODEL_FILE, Candidate, load_candidate
+from hpc.parsing import parse
 from hpc.task import Task
 from hpc.verify.static import import_defect
 
@@ -166,7 +167,7 @@ def starter_model_new(task_source: str, task_id: str = "") -> str:
     and constructor, so the parameters carry Model's names (the reference weights load into
     them); forward is left to write. Falls back to a bare skeleton for an unusual task file."""
     try:
-        tree = ast.parse(task_source)
+        tree = parse(task_source)
     except SyntaxError:
         tree = ast.Module(body=[], type_ignores=[])
     imports = ["import torch", "import torch.nn as nn"]

@@ -36,6 +36,7 @@ import torch
 
 from hpc.baseline import measure_program
 from hpc.errors import UserError
+from hpc.parsing import parse
 from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox.messages import Outputs, ReferenceSetup, Repeatable
 from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
@@ -134,7 +135,7 @@ def repeated_axis(out: torch.Tensor, minimum: float) -> tuple[int, float] | None
 def stochastic_calls(source: str) -> str:
     """The first random operation `Model` uses outside `__init__` (seeded parameter init is fine),
     or a stochastic module it builds; "" when there is none."""
-    tree = ast.parse(source)
+    tree = parse(source)
     aliases = import_aliases(tree)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None:

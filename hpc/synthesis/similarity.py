@@ -24,6 +24,7 @@ from difflib import SequenceMatcher
 from pathlib import Path
 
 from hpc.errors import DataFileError
+from hpc.parsing import parse
 
 KEPT_NAMES = frozenset({"Model", "get_inputs", "get_init_inputs", "forward", "__init__", "self"})
 _BUILTINS = frozenset(dir(builtins))
@@ -150,7 +151,7 @@ def _tokens(node: ast.AST) -> list[str]:
 
 def normalized_tokens(source: str) -> list[str]:
     """The normalized token sequence of a problem file (SyntaxError if it does not parse)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     aliases = import_aliases(tree)
     tree.body = _module_body(tree)
     tree = _Normalizer(aliases).visit(tree)
@@ -169,7 +170,7 @@ def model_tokens(source: str) -> list[str]:
     `super().__init__()`. The rest of a problem file (imports, class and method headers, sizes,
     get_inputs) is much the same in every file and would make any two one-operator tasks look
     alike. Empty when there is no Model."""
-    tree = ast.parse(source)
+    tree = parse(source)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None:
         return []
@@ -277,7 +278,7 @@ def _module_ops(value: ast.expr) -> list[str]:
 
 def op_signature(source: str) -> tuple[str, ...]:
     """The canonical operator sequence of `Model.forward` (empty when there is no Model)."""
-    tree = ast.parse(source)
+    tree = parse(source)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None:
         return ()

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from hpc.parsing import parse
+
 # ---------------------------------------------------------------------------------------- Python
 
 PUBLIC = None   # every public attribute that is not a module; a module only where MODULES lists it
@@ -70,7 +72,7 @@ def source_defect(source: str, filename: str, allowed_libraries: Sequence[str] =
     """The first rule broken by the candidate's Python source (and the C++ it gives load_inline),
     or "" when there is none. `allowed_libraries`: the vendor libraries inline C++ may use."""
     try:
-        tree = ast.parse(source, filename=filename)
+        tree = parse(source, filename=filename)
     except SyntaxError as e:
         where = f"{Path(filename).name}: syntax error"
         return f"{where} at line {e.lineno}: {e.msg}" if e.lineno else f"{where}: {e.msg}"
