@@ -17,7 +17,6 @@ import math
 import os
 import random
 import secrets
-import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -42,6 +41,7 @@ from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_pair
 from hpc.sandbox.process import SandboxError
+from hpc.sandbox.tempdirs import owned_temporary
 from hpc.task import Task
 from hpc.verify.static import kernel_defect, link_flags, source_defect
 
@@ -112,7 +112,7 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         return
     if stop_after == "compile":
         if candidate.kind != SINGLE_FILE:   # a single file's load_inline builds when loaded
-            with tempfile.TemporaryDirectory(prefix="hpc-compile-") as workroot:
+            with owned_temporary("hpc-compile-") as workroot:
                 _compile(rec, candidate, cfg, candidate.materialize(Path(workroot)).parent, [])
         clock.mark("compile")
         return

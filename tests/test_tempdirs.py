@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from hpc.sandbox.tempdirs import OWNER_LOCK, owned_tempdir, sweep
+from hpc.sandbox.tempdirs import OWNER_LOCK, owned_temporary, owned_tempdir, sweep
 from tests.conftest import ROOT
 
 MAKE = """
@@ -19,10 +19,18 @@ print(folder, flush=True)
 time.sleep(600)
 """
 
+MAKE_IN_BLOCK = """
+import sys, time
+from hpc.sandbox.tempdirs import owned_temporary
+with owned_temporary(sys.argv[1]) as folder:
+    print(folder, flush=True)
+    time.sleep(600)
+"""
 
-def _owner(tmp_path, prefix: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-c", MAKE, prefix], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)})
+
+def _owner(tmp_path, prefix: str, block: bool = False) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", MAKE_IN_BLOCK if block else MAKE, prefix], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
     return proc, proc.stdout.readline().strip()
 
 
@@ -59,3 +67,17 @@ def test_the_first_folder_of_a_kind_sweeps_that_kind(tmp_path, monkeypatch):
         assert sweep("hpc-kind-", tmp_path) == 0, "a folder whose owner lives was swept"
     finally:
         os.close(fd)
+
+
+def test_a_with_block_folder_is_removed_at_its_end_and_swept_when_its_process_was_killed(tmp_path, monkeypatch):
+    """The compile, build and synthesis folders (owned_temporary): gone when the block ends; left
+    by a process killed inside it, swept by the next process that makes one of its kind."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    with owned_temporary("hpc-block-") as folder:
+        assert (folder / OWNER_LOCK).is_file() and sweep("hpc-block-", tmp_path) == 0
+    assert not folder.exists()
+    killed, killed_dir = _owner(tmp_path, "hpc-block-", block=True)
+    killed.kill()
+    killed.wait(timeout=30)
+    assert os.path.isdir(killed_dir) and sweep("hpc-block-", tmp_path) == 1 and not os.path.exists(killed_dir)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpc.sandbox import launch
+from hpc.sandbox.tempdirs import owned_temporary
 
 SOURCE_SUFFIX = {"cpu": ".cpp", "cuda": ".cu"}
 LIBRARY_NAME = "kernels.so"
@@ -266,7 +267,7 @@ def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path, timeou
 
     Path(cache_dir, "native").mkdir(parents=True, exist_ok=True)
     # in the system's temp folder, which every uid can reach (the cache may sit in root's home)
-    with tempfile.TemporaryDirectory(prefix="hpc-build-") as tmp:
+    with owned_temporary("hpc-build-") as tmp:
         build = Path(tmp)
         for p in sources + headers:
             _copy_regular(p, build / p.name)

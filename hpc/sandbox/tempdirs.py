@@ -10,11 +10,13 @@ every one whose lock it can take: no pid to be reused, no clock to trust.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 OWNER_LOCK = ".owner.lock"
@@ -35,6 +37,19 @@ def owned_tempdir(prefix: str) -> tuple[Path, int]:
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(taking, folder / OWNER_LOCK)
     return folder, fd
+
+
+@contextlib.contextmanager
+def owned_temporary(prefix: str) -> Iterator[Path]:
+    """owned_tempdir for a `with` block (as tempfile.TemporaryDirectory): the folder is removed and
+    its lock let go when the block ends; a folder whose process was killed inside the block is
+    swept by the next process that makes one of its kind."""
+    folder, fd = owned_tempdir(prefix)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)
 
 
 def sweep(prefix: str, parent: Path | None = None) -> int:

@@ -26,7 +26,6 @@ import ast
 import dataclasses
 import math
 import re
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from hpc.profile.device_lock import DeviceLock
 from hpc.sandbox.messages import Outputs, ReferenceSetup, Repeatable
 from hpc.sandbox.prestart import WorkerPair, harness_file, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
+from hpc.sandbox.tempdirs import owned_temporary
 from hpc.synthesis.config import SynthesisConfig
 from hpc.synthesis.similarity import (BenchmarkIndex, ast_hash, canonical_op, import_aliases, model_tokens,
                                       normalized_tokens, op_signature)
@@ -185,7 +185,7 @@ class FilterChain:
     def check(self, index: int, code: str, filename: str) -> Verdict:
         """Every filter in order until one rejects; an accepted candidate is remembered."""
         verdict = Verdict()
-        with tempfile.TemporaryDirectory(prefix="hpc-synth-") as tmp:
+        with owned_temporary("hpc-synth-") as tmp:
             path = Path(tmp) / f"{filename}.py"
             path.write_text(code)
             try:
@@ -395,7 +395,7 @@ class FilterChain:
         cfg = self.eval
         self.inductor_cache.mkdir(parents=True, exist_ok=True)
         t0 = self._enter("compile", verdict)
-        with tempfile.TemporaryDirectory(prefix="hpc-synth-compile-") as workdir, \
+        with owned_temporary("hpc-synth-compile-") as workdir, \
                 SandboxedProcess("reference", Path(workdir), cfg.sandbox, cfg.backend, trusted=True,
                                  env={"TORCHINDUCTOR_CACHE_DIR": str(self.inductor_cache)},
                                  writable=[self.inductor_cache]) as proc:
