@@ -689,8 +689,22 @@ def _check_not_truncated(path: Path) -> None:
     except OSError as e:
         if "unable to lock file" in str(e):
             raise _StaleView(str(e)) from None   # a writer is creating it or switching it to SWMR: retry
+        if "truncated file" in str(e) and _writer_live(path):
+            raise _StaleView(str(e)) from None   # a live writer's file, a moment shorter than its stored end
         if "already open for write" not in str(e):
             raise ResultsFileError(f"results {path}: cannot read as HDF5 ({e}){_repair_hint(path)}") from None
+
+
+def _writer_live(path: Path) -> bool:
+    """Whether a writer holds `path`'s writer lock now, read from /proc/locks: taking the lock, even
+    shared for a moment, could refuse a writer starting then."""
+    try:
+        st = os.stat(path.parent / f".{path.name}.lock")
+        held = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    node = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(line.split()[1:2] == ["FLOCK"] and node in line.split() for line in held.splitlines())
 
 
 def _repair_hint(path: Path) -> str:
