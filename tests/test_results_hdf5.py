@@ -232,13 +232,19 @@ def test_a_file_from_before_the_stages_had_one_vocabulary_reads_them_under_the_n
         read_records(path)
 
 
-def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
+def _cut_file(tmp_path):
+    """A results file of 50 records cut to its first half."""
     path = tmp_path / "r.h5"
     with ResultWriter(path) as w:
         for k in range(50):
             w.append(EvalRecord(task_id=f"level1/t{k}", reason="x" * 200))
     cut = tmp_path / "cut.h5"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return cut
+
+
+def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
+    cut = _cut_file(tmp_path)
     with pytest.raises(ResultsFileError, match="cannot read as HDF5"):
         read_records(cut)
 
@@ -249,12 +255,7 @@ def test_a_file_shorter_than_its_stored_end_while_its_writer_lives_is_read_again
     import fcntl
     import os
 
-    path = tmp_path / "r.h5"
-    with ResultWriter(path) as w:
-        for k in range(50):
-            w.append(EvalRecord(task_id=f"level1/t{k}", reason="x" * 200))
-    cut = tmp_path / "cut.h5"
-    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    cut = _cut_file(tmp_path)
     fd = os.open(tmp_path / ".cut.h5.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)   # as the writer holds it
     try:

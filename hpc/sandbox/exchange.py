@@ -332,6 +332,11 @@ def map_fd(fd: int, nbytes: int) -> mmap.mmap | None:
 HUGE_PAGE = 2 << 20
 
 
+def huge_span(nbytes: int) -> int:
+    """`nbytes` rounded up to whole huge pages."""
+    return -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+
+
 class HostSlot:
     """A cpu program's input slot: private anonymous memory, 2 MiB aligned, advised onto transparent
     huge pages (MADV_HUGEPAGE, which the common `madvise` setting grants), every page touched here,
@@ -339,7 +344,7 @@ class HostSlot:
     for every call. Made by the program's trusted setup, before any candidate code runs."""
 
     def __init__(self, nbytes: int):
-        span = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+        span = huge_span(nbytes)
         self.map = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
         offset = -base % HUGE_PAGE
@@ -369,7 +374,7 @@ def huge_page_share(pid: int, address: int, nbytes: int) -> float | None:
                     huge += int(line.split()[1]) * 1024
     except (OSError, ValueError):
         return None
-    return min(1.0, huge / (-(-nbytes // HUGE_PAGE) * HUGE_PAGE))
+    return min(1.0, huge / huge_span(nbytes))
 
 
 class _IoVec(ctypes.Structure):
