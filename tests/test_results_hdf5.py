@@ -243,6 +243,61 @@ def _cut_file(tmp_path):
     return cut
 
 
+def _three_records(path):
+    with ResultWriter(path) as w:
+        for k in range(3):
+            w.append(EvalRecord(task_id=f"level1/t{k}"))
+
+
+def _three_steps(path):
+    from hpc.results.training import TrainingWriter
+
+    with TrainingWriter(path) as w:
+        for k in range(3):
+            w.append_step({"step": k + 1, "stage": "sft", "stage_step": k + 1, "samples": 4, "step_s": 1.0})
+
+
+def _read_tasks(path):
+    return [r.task_id for r in read_records(path)]
+
+
+def _read_steps(path):
+    from hpc.results.training import read_steps
+
+    return [s["step"] for s in read_steps(path)]
+
+
+@pytest.mark.parametrize("write, read, rows, absent", [
+    (_three_records, _read_tasks, ["level1/t0", "level1/t1", "level1/t2"], "not an hpc results file"),
+    (_three_steps, _read_steps, [1, 2, 3], "no training data"),
+], ids=["records", "train"])
+def test_a_new_file_still_bare_while_its_writer_lives_is_read_again(tmp_path, write, read, rows, absent):
+    """A writer switches a new file in bare and lays its tables out a moment later (CI saw a live
+    reader fail so, in between): while the writer's lock is held that is a view to retry; once the
+    table is there, its rows are read."""
+    import fcntl
+    import os
+    import threading
+
+    import h5py
+
+    path, whole = tmp_path / "r.h5", tmp_path / "whole.h5"
+    write(whole)
+    h5py.File(path, "w").close()   # as _reconcile switches it in
+    fd = os.open(tmp_path / ".r.h5.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # as the writer holds it
+    later = threading.Timer(0.3, lambda: os.replace(whole, path))
+    later.start()
+    try:
+        assert read(path) == rows
+    finally:
+        later.join()
+        os.close(fd)
+    h5py.File(path, "w").close()   # no writer now: a file without the table, said at once
+    with pytest.raises(ResultsFileError, match=absent):
+        read(path)
+
+
 def test_a_truncated_file_is_a_clear_error_not_a_hang(tmp_path):
     cut = _cut_file(tmp_path)
     with pytest.raises(ResultsFileError, match="cannot read as HDF5"):

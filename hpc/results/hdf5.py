@@ -647,8 +647,17 @@ def to_python(v):
 
 
 def _records_group(f: h5py.File, path: Path) -> h5py.Group:
+    wait_for_layout(f, path, GROUP)
     _check_schema(f, path)
     return f[GROUP]
+
+
+def wait_for_layout(f: h5py.File, path: Path, group: str) -> None:
+    """Inside a `read_retrying` read: a file without `group` while its writer lives is a view to
+    read again, not a file without that table. A new file is switched in bare (_reconcile) and its
+    writer lays its tables out a moment later."""
+    if group not in f and _writer_live(path):
+        raise _StaleView(f"results {path}: no /{group} yet")
 
 
 def complete_rows(group: h5py.Group, start: int = 0, stop: int | None = None) -> tuple[dict[str, np.ndarray], int]:

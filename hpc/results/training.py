@@ -31,7 +31,7 @@ import numpy as np
 
 from hpc.errors import ResultsFileError
 from hpc.results.columns import Column, column_dtype, describe
-from hpc.results.hdf5 import AppendingFile, ResultWriter, complete_rows, read_retrying, to_python
+from hpc.results.hdf5 import AppendingFile, ResultWriter, complete_rows, read_retrying, to_python, wait_for_layout
 
 TRAIN_GROUP = "train"
 STEPS = "steps"
@@ -253,6 +253,7 @@ def _typed(name: str, tp: type, value, where: str):
 
 def _train_group(f: h5py.File, path: Path) -> h5py.Group:
     """The /train group, checked: ResultsFileError for a file without training data or with malformed."""
+    wait_for_layout(f, path, TRAIN_GROUP)
     if TRAIN_GROUP not in f:
         raise ResultsFileError(f"results {path}: no training data (no /{TRAIN_GROUP} group)")
     group = f[TRAIN_GROUP]
