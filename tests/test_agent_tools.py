@@ -145,6 +145,18 @@ def test_the_workdir_holds_the_task_instructions_and_a_starter_that_passes_the_r
         Episode(episode.task, episode.backend, episode.cfg, episode.workdir.root)
 
 
+def test_the_cpu_instructions_say_how_to_make_a_time_repeat(cache_dir):
+    """A CPU kernel's scratch from malloc falls at an offset each process draws anew (docs/benchmarks.md):
+    the CPU instructions say to align it; the CUDA ones, where allocations are aligned, do not."""
+    import dataclasses
+
+    from hpc.agent.instructions import render_instructions
+
+    cpu = make_fast_config(cache_dir)
+    assert "std::aligned_alloc(64, bytes)" in render_instructions(cpu, agent_config())
+    assert "aligned_alloc" not in render_instructions(dataclasses.replace(cpu, backend="cuda"), agent_config())
+
+
 def test_every_shipped_tasks_starter_passes_the_static_rules():
     for task in sorted((ROOT / "kernels" / "tasks").rglob("*.py")):
         assert source_defect(starter_model_new(task.read_text(), task.stem), "model_new.py") == "", task

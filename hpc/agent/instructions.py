@@ -149,6 +149,14 @@ all device work; outputs of timed calls are checked too, so caching results acro
 deferring work does not pay.
 """
 
+_CPU_TIMING = """\
+Every evaluation runs your kernels in processes of their own. A scratch buffer from `malloc`,
+`new` or `std::vector` starts 0, 16, 32 or 48 bytes into a cache line, as each process's
+allocations fall, and a vector loop over it can run twice as long at one offset as at another:
+allocate scratch with `std::aligned_alloc(64, bytes)` (bytes a multiple of 64) so that your time
+repeats.
+"""
+
 _CPU_KERNEL = """\
 #include <cstdint>
 
@@ -213,7 +221,7 @@ def render_instructions(eval_cfg: EvalConfig, cfg: AgentConfig) -> str:
             no_call_rule=(" (a reply without a tool call also ends the episode)" if cfg.end_without_tool_call
                           else ""),
             max_turns=cfg.max_turns, context=f"{cfg.max_context_tokens:,}")
-    text += _REWARD.substitute(table=_reward_table(eval_cfg), timing=_TIMING)
+    text += _REWARD.substitute(table=_reward_table(eval_cfg), timing=_TIMING + ("" if cuda else "\n" + _CPU_TIMING))
     return text
 
 
