@@ -96,6 +96,38 @@ def test_every_worker_gets_the_same_fixed_allocator_thresholds(tmp_path):
     assert {k: environ.get(k) for k in STEADY_MALLOC} == STEADY_MALLOC
 
 
+def test_the_allocator_settings_put_a_tensor_from_the_heap_on_huge_pages():
+    """Under STEADY_MALLOC a buffer below the mmap threshold comes from the heap, on 2 MiB pages:
+    where each 4 KiB page of it would have landed is then out of the figures (docs/benchmarks.md)."""
+    import subprocess
+    import sys
+
+    from hpc.sandbox.process import STEADY_MALLOC
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are off on this host")
+    code = ("import ctypes\n"
+            "n = 24 << 20\n"
+            "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\n"
+            "a = libc.malloc(n); ctypes.memset(a, 1, n)\n"
+            "huge, inside = 0, False\n"
+            "for line in open('/proc/self/smaps'):\n"
+            "    head = line.split()[0]\n"
+            "    if '-' in head and not head.endswith(':'):\n"
+            "        lo, hi = (int(x, 16) for x in head.split('-')); inside = lo <= a < hi\n"
+            "    elif inside and head == 'AnonHugePages:':\n"
+            "        huge += int(line.split()[1]) << 10\n"
+            "print(huge / n)\n")
+    share = {}
+    for name, env in (("steady", STEADY_MALLOC), ("plain", {})):
+        out = subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", **env},
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        share[name] = float(out)
+    assert share["steady"] >= 0.8, share
+    if "[madvise]" in mode:   # under "always" every heap is on huge pages anyway
+        assert share["plain"] < 0.1, share
+
+
 def test_worker_crash_is_reported_with_its_signal(tmp_path):
     with SandboxedProcess("reference", tmp_path, SandboxConfig(timeout_s=60), "cpu", readable=(RELU_TASK,)) as proc:
         proc.request(ReferenceSetup(str(RELU_TASK), "cpu", 0, "cpu"))

@@ -99,8 +99,12 @@ class ExitInfo:
 # process freed before: a process whose thresholds moved pays its large tensors' page faults again
 # on every call (7076 faults a call against 273, 3.3x slower, between two fresh processes timing the
 # same eager model: docs/benchmarks.md). Fixed thresholds, the same in every timed process, take
-# that history out of every figure.
-STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+# that history out of every figure. The heap on transparent huge pages (glibc.malloc.hugetlb=1:
+# glibc advises its heap and its mapped chunks MADV_HUGEPAGE) takes out where each 4 KiB page of a
+# tensor landed in physical memory, which each process draws anew: on the nine CPU rows that moved
+# most, 8 of 9 held within 3% over 3 runs, against 4 of 9 on 4 KiB pages (docs/benchmarks.md).
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+                 "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 class SandboxedProcess:
