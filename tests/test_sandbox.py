@@ -13,7 +13,7 @@ from hpc.config import SandboxConfig
 from hpc.sandbox import landlock
 from hpc.sandbox.messages import Cost, CostReply, Outputs, ReferenceSetup
 from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
-from tests.conftest import RELU_TASK
+from tests.conftest import RELU_TASK, ROOT
 
 needs_landlock = pytest.mark.skipif(landlock.abi_version() == 0, reason="kernel without Landlock")
 
@@ -106,21 +106,16 @@ def test_the_allocator_settings_put_a_tensor_from_the_heap_on_huge_pages():
     mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     if "[never]" in mode:
         pytest.skip("transparent huge pages are off on this host")
-    code = ("import ctypes\n"
+    code = ("import ctypes, os\n"
+            "from hpc.sandbox.exchange import huge_page_share\n"
             "n = 24 << 20\n"
             "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p\n"
             "a = libc.malloc(n); ctypes.memset(a, 1, n)\n"
-            "huge, inside = 0, False\n"
-            "for line in open('/proc/self/smaps'):\n"
-            "    head = line.split()[0]\n"
-            "    if '-' in head and not head.endswith(':'):\n"
-            "        lo, hi = (int(x, 16) for x in head.split('-')); inside = lo <= a < hi\n"
-            "    elif inside and head == 'AnonHugePages:':\n"
-            "        huge += int(line.split()[1]) << 10\n"
-            "print(huge / n)\n")
+            "print(huge_page_share(os.getpid(), a, n))\n")
     share = {}
     for name, env in (("steady", STEADY_MALLOC), ("plain", {})):
-        out = subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", **env},
+        out = subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+                                                                **env},
                              capture_output=True, text=True, timeout=60, check=True).stdout
         share[name] = float(out)
     assert share["steady"] >= 0.8, share

@@ -5,8 +5,7 @@ On cpu the harness drives the calls itself: it writes each call's inputs from st
 reference made them) into the program's slot, in the program's own memory, with process_vm_writev;
 flushes the last-level cache, times the call on its own clock, and copies a checked call's outputs
 out of the program's memory with process_vm_readv the moment it answers. On cuda the reference
-worker drives (it owns the device memory involved)
-and the harness waits for its report.
+worker drives (it owns the device memory involved) and the harness waits for its report.
 """
 
 from __future__ import annotations
