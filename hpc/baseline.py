@@ -116,7 +116,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     """Time eager or torch.compile (`program`: eager | compile[:mode]) alone, beside the empty
     program, in a worker pair: a new one, or `pair` (one started for this; the caller closes it);
     its figures and the conditions they were taken in. SandboxError when it cannot be timed."""
-    from hpc.profile.driver import PairDriver, flush_bytes, graph_replays
+    from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, keeps_awake
 
     program = "compile:default" if program == "compile" else program
     if pair is None:
@@ -139,9 +139,9 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
         if recording.failure is not None:
             raise SandboxError(f"{recording.failed} could not be timed: {recording.failure.reason}", FailureKind.ERROR)
     try:
-        with lock.exclusive(), timing(*window_pids(pair), backend=cfg.backend) as placed:
+        with lock.exclusive(), timing(*window_pids(pair), backend=cfg.backend, awake=keeps_awake(cfg)) as placed:
             measured = {**conditions(cfg.backend, lock.beside()), **placed}
-            window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+            window = run_window(entrants, cfg.timing.rounds, random.SystemRandom(), poll="kept_awake" in placed)
     except PinError as e:
         raise SandboxError(f"{program} could not be timed: {e}", FailureKind.ERROR) from None
     measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)), **driver.placement())

@@ -32,7 +32,7 @@ from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
 from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.driver import PairDriver, flush_bytes, graph_replays
+from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, keeps_awake
 from hpc.profile.timing import Call, Failure, TimingStats, timing_calls, window_figures
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, flush_rate, handshake_ns, paired_ratio,
                                 record_graphs, run_window, timed_by)
@@ -278,10 +278,12 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             window = Window(failed=recording.failed, failure=recording.failure)
             if recording.failure is None:
                 pinned = timing(*window_pids(pair, baselines.result()), backend=cfg.backend,
-                                trees=[pair.program.worker_pid])   # the candidate with all it started
+                                trees=[pair.program.worker_pid],   # the candidate with all it started
+                                awake=keeps_awake(cfg))
                 with lock.exclusive(), pinned as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
-                    window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+                    window = run_window(entrants, cfg.timing.rounds, random.SystemRandom(),
+                                        poll="kept_awake" in placed)
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
                 rec.conditions = json.dumps({"candidate": {**measured, **driver.placement()},
                                              **{name: {**measured, **baseline_driver.placement()} for name in programs}})

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -155,6 +156,60 @@ def test_a_candidate_whose_threads_would_not_stay_pinned_is_not_paid(monkeypatch
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
     assert rec.status == "failed" and rec.reward == -1 and rec.failed_stage == "profile", rec.reason
     assert "not timed: the threads under pid" in rec.reason and "did not stay on cores" in rec.reason
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def _spinners(pid: int) -> dict[int, tuple[int, set[int]]]:
+    """`pid`'s children that are the window's spinners: each one's scheduling policy and cores."""
+    return {c: (os.sched_getscheduler(c), _affinity(c)) for c in _children(pid)
+            if "SCHED_IDLE" in open(f"/proc/{c}/cmdline").read()}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand out")
+def test_a_cpu_window_that_keeps_its_program_cores_awake_runs_a_spinner_at_sched_idle_on_each_and_ends_them():
+    """Each program core gets a spinner of the harness's at SCHED_IDLE for the window: it runs
+    (state R) and takes no time from a program (the policy), and is gone after."""
+    program_cores, _ = cores.timing_cores("cpu")
+    with cores.timing([], backend="cpu", awake=True) as placed:
+        spinners = _spinners(os.getpid())
+        assert placed["kept_awake"] is True
+        assert sorted(spinners.values(), key=lambda v: min(v[1])) == [(os.SCHED_IDLE, {c}) for c in sorted(program_cores)]
+        for pid in spinners:
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().rsplit(")", 1)[1].split()[0] == "R"
+    assert _spinners(os.getpid()) == {}
+    with cores.timing([], backend="cpu") as placed:
+        assert "kept_awake" not in placed and _spinners(os.getpid()) == {}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to hand out")
+def test_a_spinner_ends_with_the_harness_that_started_it():
+    """A harness killed in a window (SIGKILL: no block left, no finally) takes its spinners with it."""
+    harness = subprocess.Popen([sys.executable, "-c", "import os, time\nfrom hpc.profile import cores\n"
+                                "with cores.keep_awake({1}):\n    print('in', flush=True); time.sleep(60)"],
+                               stdout=subprocess.PIPE, text=True, cwd=TESTS.parent)
+    try:
+        assert harness.stdout.readline() == "in\n"
+        spinners = _children(harness.pid)
+        assert len(spinners) == 1
+        harness.kill()
+        harness.wait()
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{spinners[0]}") or open(f"/proc/{spinners[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the spinner {spinners[0]} outlived its harness")
+    finally:
+        harness.kill()
+        harness.wait()
 
 
 def test_timing_is_a_no_op_where_no_core_is_handed_out(monkeypatch):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 from typing import Collection, Iterable, Iterator, Sequence
 
@@ -25,6 +27,19 @@ from hpc.sandbox import freeze
 
 MIN_CORES = 8
 PIN_WALKS = 50   # walks of the trees a window may take to find every thread in place (timing)
+
+# A keeper: on one core, at SCHED_IDLE, killed with the thread that started it; says it is ready,
+# then spins.
+_KEEPER = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[2]):
+    os._exit(0)
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.write(1, b"k")
+while True:
+    pass
+"""
 
 
 def _siblings(cpu: int) -> frozenset[int]:
@@ -148,6 +163,34 @@ def window_env(backend: str, program: bool) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(max(1, len(programs)))}
 
 
+@contextlib.contextmanager
+def keep_awake(cores: Iterable[int]) -> Iterator[None]:
+    """A spinner at SCHED_IDLE on each of `cores` for the block, so that they never idle.
+
+    An idle core may halt (a virtual machine's vCPU exits to its host); waking it again, when the
+    driver hands a program its frame or the held candidate goes on, took 0.1-0.3 ms on this
+    project's 2-core KVM guest, inside the frame and apart from one frame to the next
+    (benchmarks/cpu_wake.py, docs/benchmarks.md). A program woken on a core that runs a
+    SCHED_IDLE task takes it over at once, and the spinner runs only while nothing else wants the
+    core: it is never timed beside a program. Trusted: the harness starts it, and it ends with the
+    harness's thread (PR_SET_PDEATHSIG) if the block is never left."""
+    keepers: list[subprocess.Popen] = []
+    try:
+        for core in sorted(cores):
+            keeper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KEEPER, str(core), str(os.getpid())],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+            keepers.append(keeper)
+            if keeper.stdout is None or keeper.stdout.read(1) != b"k":
+                raise OSError(f"the spinner for core {core} did not start")
+        yield
+    finally:
+        for keeper in keepers:
+            keeper.kill()
+            keeper.wait()
+            if keeper.stdout is not None:
+                keeper.stdout.close()
+
+
 class PinError(Exception):
     """The trees under `pids` still had threads to move after the last walk (_pin_trees)."""
 
@@ -189,7 +232,7 @@ def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]]
 
 @contextlib.contextmanager
 def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = "cpu",
-           trees: Collection[int] = ()) -> Iterator[dict]:
+           trees: Collection[int] = (), awake: bool = False) -> Iterator[dict]:
     """Every thread of the processes `programs` and `drivers`, and the calling thread (the
     harness's side of the window), on the cores timing_cores gives them for the block (a window);
     each put back where it was after (a thread started meanwhile goes where its process's first
@@ -197,9 +240,10 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
     must not run wider than its baselines. A trusted one's children stay where they are: a
     baseline's inductor compile workers, still starting up when its window opens, would otherwise
     take turns with the timed programs on their core. The harness's thread goes on the kept cores
-    left on cuda, if any, and with the drivers on cpu, where its clock is the driver. Yields where
-    they went, for the record's conditions ({} where nothing was pinned). PinError where a tree
-    would not stay pinned, with everything put back."""
+    left on cuda, if any, and with the drivers on cpu, where its clock is the driver. `awake`: the
+    programs' cores are kept from idling meanwhile (keep_awake). Yields where they went, for the
+    record's conditions ({} where nothing was pinned; "kept_awake" where the cores were). PinError
+    where a tree would not stay pinned, with everything put back."""
     program_cores, driver_cores = timing_cores(backend)
     if not program_cores:
         yield {}
@@ -212,7 +256,12 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
         _pin(own, own_cores)
         _pin_trees(programs, program_cores, saved, trees)
         _pin_trees(drivers, driver_cores, saved)
-        yield {"program_cores": sorted(program_cores), "driver_cores": sorted(driver_cores)}
+        placed = {"program_cores": sorted(program_cores), "driver_cores": sorted(driver_cores)}
+        if not awake:
+            yield placed
+            return
+        with keep_awake(program_cores):
+            yield {**placed, "kept_awake": True}
     finally:
         for pid in [*programs, *drivers]:
             for proc in _processes(pid, trees):

@@ -22,8 +22,8 @@ from hpc.config import EvalConfig
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
 from hpc.sandbox import freeze
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, huge_page_share,
-                                  map_fd, read_failure, read_outputs, read_process_memory, validated_outputs,
-                                  write_process_memory)
+                                  map_fd, read_failure, read_outputs, read_process_memory, set_spinning,
+                                  validated_outputs, write_process_memory)
 from hpc.sandbox.prestart import WorkerPair, harness_file
 from hpc.sandbox.messages import (Attach, Capture, CaptureReply, Check, FailureKind, Load, LoadReply, Prepare,
                                   ProgramSetup, ReferenceSetup, Run, Serve, decode)
@@ -38,6 +38,14 @@ def spinning(cfg: EvalConfig) -> bool:
     if mode != "auto":
         return mode == "spin"
     return cfg.backend == "cuda" and len(os.sched_getaffinity(0)) >= 8
+
+
+def keeps_awake(cfg: EvalConfig) -> bool:
+    """Whether a cpu window keeps its programs' cores from idling (hpc.profile.cores.keep_awake) and
+    the harness polls for each frame's done on its own core: an idle core may halt, and waking it
+    again took 0.1-0.3 ms inside a frame on a 2-core KVM guest, apart from one frame to the next
+    (docs/benchmarks.md). Off with `timing.handshake: block`."""
+    return cfg.backend == "cpu" and cfg.timing.handshake != "block"
 
 
 def graph_replays(cfg: EvalConfig) -> bool:
@@ -124,17 +132,21 @@ class PairDriver:
         slot on huge pages (`inputs_on_huge_pages`); {} on cuda or where it could not be read."""
         return {} if self.huge_pages is None else {"inputs_on_huge_pages": round(self.huge_pages, 3)}
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False,
+            poll: bool = False) -> LoopResult:
         """Run `calls` of `program` (one the program process holds; default: its candidate, or its
         empty program before one is loaded) through its serve loop (`batch_limit`: see run_calls;
-        `graph`: its timed frames replay its captured graph); a crashed or hung program is killed
-        and shows as the loop's failure (its exit described by the program's SandboxError)."""
+        `graph`: its timed frames replay its captured graph; `poll`: on cpu the harness polls for
+        each done frame, where its core is its own); a crashed or hung program is killed and shows
+        as the loop's failure (its exit described by the program's SandboxError)."""
         prog, timeout = self.pair.program, self.cfg.sandbox.timeout_s
         serve = Serve(program, graph)
         prog.send(serve)
         if self.agent is not None:
+            spin = self.spin or poll
+            set_spinning(self.pair.exchange.done_read, spin)
             result = run_calls(calls, self.agent, self.pair.exchange.go_write, self.pair.exchange.done_read,
-                               self.spin, time.monotonic() + timeout, batch_limit)
+                               spin, time.monotonic() + timeout, batch_limit)
             stop_program(self.pair.exchange.go_write)
         else:
             reply = self.pair.reference.request(Run([c.to_message() for c in calls], timeout, batch_limit))
