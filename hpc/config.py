@@ -46,9 +46,8 @@ class TimingConfig:
     flush_bytes_cuda: int = 256 << 20
     calibration_calls: int = 30           # timed calls of the empty program: the handshake's fixed cost
     rounds: int = 10                      # the window's rounds: each times a share of every program's calls
-    handshake: str = "auto"               # spin | block | auto. cuda: spin with 8+ cores, else block. cpu:
-                                          # auto keeps a window's program cores awake and the harness polls
-                                          # (the programs block); spin: the programs poll too
+    handshake: str = "auto"               # spin | block | auto (spin on cuda with 8+ cores, else block); cpu
+                                          # spin: a window's program cores kept awake, everything polls
     batch_mb_cpu: int = 512               # inputs made ahead (and outputs copied out) per batch of calls
     batch_mb_cuda: int = 4096
     frame_ms_cpu: float = 2.0             # a timed frame runs calls back to back for about this long (at the

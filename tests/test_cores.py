@@ -164,6 +164,7 @@ def test_a_candidate_that_hangs_once_it_is_timed_is_killed_at_the_timeout(fast_c
     """In a cpu window the harness polls for each done frame (a pipe it has made non-blocking): a
     frame that never ends still meets the deadline, and is the candidate's failure."""
     fast_config.sandbox.timeout_s = 60   # the baselines' cold compile is held to it too
+    fast_config.timing.handshake = "spin"
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "hang_when_timed"), fast_config)
     assert rec.status == "failed" and rec.reward == -1 and rec.failed_stage == "profile", rec.reason
     assert "timed out" in rec.reason and rec.wall_seconds < 240

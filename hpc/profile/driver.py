@@ -44,8 +44,10 @@ def keeps_awake(cfg: EvalConfig) -> bool:
     """Whether a cpu window keeps its programs' cores from idling (hpc.profile.cores.keep_awake) and
     the harness polls for each frame's done on its own core: an idle core may halt, and waking it
     again is inside the frame (keep_awake; an evaluation's handshake 0.258 ms blocking, 0.138 ms
-    so, on a 2-core KVM guest, docs/benchmarks.md). Off with `timing.handshake: block`."""
-    return cfg.backend == "cpu" and cfg.timing.handshake != "block"
+    so, on a 2-core KVM guest, docs/benchmarks.md). Only with `timing.handshake: spin`: a harness
+    polling at normal priority through a window took a core from other evaluations on the same
+    machine, whose processes then could not be stopped in time (CI, 2026-12-06)."""
+    return cfg.backend == "cpu" and cfg.timing.handshake == "spin"
 
 
 def graph_replays(cfg: EvalConfig) -> bool:
