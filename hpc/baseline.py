@@ -141,7 +141,7 @@ def measure_program(task: Task, program: str, cfg: EvalConfig, init_seed: int, l
     try:
         with lock.exclusive(), timing(*window_pids(pair), backend=cfg.backend, awake=keeps_awake(cfg)) as placed:
             measured = {**conditions(cfg.backend, lock.beside()), **placed}
-            window = run_window(entrants, cfg.timing.rounds, random.SystemRandom(), poll="kept_awake" in placed)
+            window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
     except PinError as e:
         raise SandboxError(f"{program} could not be timed: {e}", FailureKind.ERROR) from None
     measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)), **driver.placement())

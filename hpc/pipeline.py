@@ -282,8 +282,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                                 awake=keeps_awake(cfg))
                 with lock.exclusive(), pinned as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
-                    window = run_window(entrants, cfg.timing.rounds, random.SystemRandom(),
-                                        poll="kept_awake" in placed)
+                    window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
                 rec.conditions = json.dumps({"candidate": {**measured, **driver.placement()},
                                              **{name: {**measured, **baseline_driver.placement()} for name in programs}})

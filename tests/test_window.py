@@ -34,8 +34,7 @@ class Scripted:
             return CaptureReply(False, "StreamCaptureUnjoined")
         return CaptureReply(True, "")
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False,
-            poll: bool = False) -> LoopResult:
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         if graph:
             self.graph_runs.append((program, len(calls), all(c.checked for c in calls)))
         if graph and self.replay_fails and all(c.checked for c in calls) and not any(c.seed < 0 for c in calls):
@@ -217,8 +216,7 @@ class Observing:
     def __init__(self, pid: int, seen: list):
         self.pid, self.seen = pid, seen
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False,
-            poll: bool = False) -> LoopResult:
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         self.seen.append((program, _state(self.pid)))
         return LoopResult([c.seed for c in calls if c.timed], None, {})
 

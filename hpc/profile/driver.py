@@ -134,21 +134,18 @@ class PairDriver:
         slot on huge pages (`inputs_on_huge_pages`); {} on cuda or where it could not be read."""
         return {} if self.huge_pages is None else {"inputs_on_huge_pages": round(self.huge_pages, 3)}
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False,
-            poll: bool = False) -> LoopResult:
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         """Run `calls` of `program` (one the program process holds; default: its candidate, or its
         empty program before one is loaded) through its serve loop (`batch_limit`: see run_calls;
-        `graph`: its timed frames replay its captured graph; `poll`: on cpu the harness polls for
-        each done frame, where its core is its own); a crashed or hung program is killed and shows
-        as the loop's failure (its exit described by the program's SandboxError)."""
+        `graph`: its timed frames replay its captured graph); a crashed or hung program is killed
+        and shows as the loop's failure (its exit described by the program's SandboxError)."""
         prog, timeout = self.pair.program, self.cfg.sandbox.timeout_s
         serve = Serve(program, graph)
         prog.send(serve)
         if self.agent is not None:
-            spin = self.spin or poll
-            set_spinning(self.pair.exchange.done_read, spin)
+            set_spinning(self.pair.exchange.done_read, self.spin)   # polled: a hung program still times out
             result = run_calls(calls, self.agent, self.pair.exchange.go_write, self.pair.exchange.done_read,
-                               spin, time.monotonic() + timeout, batch_limit)
+                               self.spin, time.monotonic() + timeout, batch_limit)
             stop_program(self.pair.exchange.go_write)
         else:
             reply = self.pair.reference.request(Run([c.to_message() for c in calls], timeout, batch_limit))

@@ -39,8 +39,7 @@ class EntrantError(Exception):
 class Runs(Protocol):
     """What a window needs of a driver (hpc.profile.driver.PairDriver)."""
 
-    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False,
-            poll: bool = False) -> LoopResult: ...
+    def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult: ...
     def capture(self, program: str, calls: int) -> CaptureReply: ...
 
 
@@ -115,11 +114,10 @@ def frame_ratios(numerator_ms: list[float], denominator_ms: list[float], rounds:
     return ratios
 
 
-def run_window(entrants: list[Entrant], rounds: int, rng: random.Random, poll: bool = False) -> Window:
+def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Window:
     """Warm each entrant up, then time them in `rounds` rounds, each in an order drawn from `rng`;
     stops at the first failure (which entrant, and its call's index among its own calls).
-    `poll`: the drivers poll for each frame's done (PairDriver.run). EntrantError when a driver
-    raised."""
+    EntrantError when a driver raised."""
     window = Window({e.name: [] for e in entrants}, {e.name: {"checked": 0, "max_abs_error": 0.0,
                                                               "max_rel_error": 0.0} for e in entrants})
     done = {e.name: 0 for e in entrants}
@@ -138,7 +136,7 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random, poll: b
             freeze.resume(entrant.tree)
             stopped.discard(entrant.name)
         try:
-            result = entrant.driver.run(calls, program=entrant.program, graph=entrant.graph, poll=poll)
+            result = entrant.driver.run(calls, program=entrant.program, graph=entrant.graph)
         except SandboxError as e:
             raise EntrantError(entrant.name, e) from None
         window.times_ns[entrant.name] += result.times_ns
