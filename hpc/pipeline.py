@@ -223,7 +223,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
     """Load and verify in the pair's two processes, then the window that times the candidate
     beside the baselines' pair (`baselines`, starting). False when a stage failed or `stop_after`
     ended the evaluation."""
-    driver = PairDriver(pair, cfg, hold=pair.program.worker_pid)   # a candidate's
+    driver = PairDriver(pair, cfg)
     rec.isolation = json.dumps(pair.program.isolation)
     stage = "load"
     try:

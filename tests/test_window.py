@@ -269,3 +269,29 @@ def test_a_frames_call_seeds_are_its_own_then_ones_no_other_frame_shares():
     assert [c.timed for c in calls[::8]] == [False, True, True]
     assert [c.checked for c in calls] == [False] * 16 + [True] * 8    # every call of timed frame 1
     assert Call.from_message(calls[9].to_message()) == calls[9]
+
+
+def test_the_baselines_process_is_held_stopped_through_each_frames_flush_as_a_candidates_is(fast_config,
+                                                                                            monkeypatch):
+    """Real drivers: the baselines' trusted process is stopped while a frame's inputs are published
+    and the cache flushed, like a candidate's. A process let go on just before t0 answers the go
+    byte sooner than one that blocked through the flush (benchmarks/cpu_wake.py), and the empty
+    program's handshake, which lives in the baselines' process, is taken off the candidate's figures."""
+    from tests.conftest import RELU_TASK
+    from hpc.baseline import measure_program
+    from hpc.profile import driver as driver_module
+    from hpc.profile.device_lock import DeviceLock
+    from hpc.task import load_task
+
+    states: list[str] = []
+    flush = driver_module._HostAgent.flush
+
+    def observed(agent) -> None:
+        states.append(_state(agent.pid))
+        flush(agent)
+
+    monkeypatch.setattr(driver_module._HostAgent, "flush", observed)
+    stats, measured = measure_program(load_task(RELU_TASK), "eager", fast_config, 1,
+                                      DeviceLock("cpu", fast_config.cache_path()))
+    assert stats.median_ms > 0 and len(states) >= fast_config.timing.iterations
+    assert set(states) == {"T"}, states

@@ -85,13 +85,14 @@ def burst_for(cfg: EvalConfig, probe_ms: float, per_call_bytes: int, outputs: in
 
 
 class PairDriver:
-    """One worker pair, set up for one task, running calls under the timing protocol. `hold`: the
-    pid of the program process when it runs a candidate (0 for the baselines' trusted one): on cpu
-    it is kept stopped, with everything below it, while each frame's inputs are published and the
-    cache flushed, so that nothing it left running sees the inputs before its clock starts."""
+    """One worker pair, set up for one task, running calls under the timing protocol. On cpu its
+    program process is kept stopped, with everything below it, while each frame's inputs are
+    published and the cache flushed: a candidate's, so that nothing it left running sees the inputs
+    before its clock starts; the baselines' trusted one too, so that its frames and the empty
+    program's (the handshake taken off every figure) wake the way the candidate's do."""
 
-    def __init__(self, pair: WorkerPair, cfg: EvalConfig, hold: int = 0):
-        self.pair, self.cfg, self.hold = pair, cfg, hold
+    def __init__(self, pair: WorkerPair, cfg: EvalConfig):
+        self.pair, self.cfg = pair, cfg
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
         self.huge_pages: float | None = None   # cpu: the share of the program's input slot on huge pages
@@ -125,7 +126,7 @@ class PairDriver:
         if cfg.backend != "cuda":
             if layout.slot_bytes and made.slot_address <= 0:
                 raise SandboxError("malformed reply from the program process: no input slot")
-            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, made.slot_address, self.hold)
+            self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, made.slot_address)
             self.huge_pages = huge_page_share(prog.worker_pid, made.slot_address, burst * layout.stride)
         return {"layout": layout, "outputs": outputs, "burst": burst}
 
@@ -189,14 +190,17 @@ class _HostAgent:
     A frame's inputs are published and the cache flushed (6.6 ms over 128 MiB here) before its
     clock starts. A thread the candidate left running could watch its slot meanwhile and compute
     the call before it is timed: `early_start` (tests/hacks) did, and was paid 11.4x torch.compile
-    where its honest twin is 1.08x. So the candidate's process tree (`hold`) is stopped before the
-    first input of a frame is written and let go on once the flush is done, just before t0."""
+    where its honest twin is 1.08x. So the program's process tree is stopped before the first input
+    of a frame is written and let go on once the flush is done, just before t0. Every program is
+    held alike: a process let go on just before t0 answers the go byte sooner than one that blocked
+    through the flush (90.6 against 122.2 µs a frame here, benchmarks/cpu_wake.py), and the empty
+    program's handshake is taken off the candidate's figures."""
 
     def __init__(self, pair: WorkerPair, layout: InputLayout, outputs: list[TensorSpec], per_call: int,
-                 batch: int, flush_bytes: int, slot_address: int, hold: int = 0):
+                 batch: int, flush_bytes: int, slot_address: int):
         ex = pair.exchange
-        self.hold, self.held = hold, False
         self.ref, self.pid = pair.reference, pair.program.worker_pid
+        self.held = False
         self.layout, self.outputs, self.per_call, self.batch = layout, outputs, per_call, batch
         self.slot_address = slot_address
         self.header = map_fd(ex.header, HEADER_BYTES)
@@ -221,9 +225,9 @@ class _HostAgent:
     def publish(self, index: int, position: int) -> Failure | None:
         """Write a call's inputs into the program's slot (a program that unmapped or protected it
         fails the call)."""
-        if self.hold and not self.held:
+        if not self.held:
             try:
-                freeze.stop(self.hold)
+                freeze.stop(self.pid)
             except freeze.FreezeError as e:
                 raise SandboxError(f"its processes could not be stopped: {e}", FailureKind.RUNTIME) from None
             self.held = True
@@ -252,7 +256,7 @@ class _HostAgent:
 
     def _release(self) -> None:
         if self.held:
-            freeze.resume(self.hold)
+            freeze.resume(self.pid)
             self.held = False
 
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:

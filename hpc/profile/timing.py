@@ -43,14 +43,16 @@ from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, P
                                   send_frame)
 from hpc.sandbox.messages import FailureKind
 
-PROTOCOL = "outside-8"     # kept with every record: outside clock, programs side by side in one window,
+PROTOCOL = "outside-9"     # kept with every record: outside clock, programs side by side in one window,
                            # timed calls in bursts; on cuda each burst a graph replay where every program
                            # of the window can be recorded (the record's conditions say: timed_by); on
                            # cpu every program on the cores the drivers leave, a thread a core
                            # (hpc.profile.cores; the conditions say: program_cores, driver_cores), its
                            # inputs in its own memory on huge pages (inputs_on_huge_pages); every
                            # sandboxed process's heap on huge pages (hpc.sandbox.process.STEADY_MALLOC);
-                           # the programs' cores kept awake and the harness polling (kept_awake)
+                           # with timing.handshake spin the programs' cores kept awake and the harness
+                           # polling (kept_awake); every program's process, the baselines' too, held
+                           # stopped from a frame's first input until just before t0 (hpc.profile.driver)
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 
