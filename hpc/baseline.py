@@ -71,13 +71,16 @@ def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_se
 def baseline_entrants(driver, cfg: EvalConfig, programs: list[str], burst: int) -> list[Entrant]:
     """The window's entrants from the baselines' pair: each program in `programs` with as many
     frames of `burst` calls as the candidate (inputs from seeds drawn here), and the empty program."""
+    from hpc.profile.driver import input_shifts
+
     rng = secrets.SystemRandom()
     t = cfg.timing
     out = []
     for program in programs:
-        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + t.iterations)], t.warmup, set(), burst)
+        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + t.iterations)], t.warmup, set(), burst,
+                             input_shifts(cfg))
         out.append(Entrant(program, driver, program, calls[:t.warmup * burst], calls[t.warmup * burst:]))
-    empty = calibration_calls(t.calibration_calls, burst)
+    empty = calibration_calls(t.calibration_calls, burst, input_shifts(cfg))
     cut = CALIBRATION_WARMUP * burst
     out.append(Entrant(EMPTY, driver, EMPTY, empty[:cut], empty[cut:], checkable=False))
     return out

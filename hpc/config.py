@@ -53,6 +53,9 @@ class TimingConfig:
     frame_ms_cpu: float = 2.0             # a timed frame runs calls back to back for about this long (at the
     frame_ms_cuda: float = 2.0            # reference's speed): the handshake is paid once a frame; 0: one call
     burst_max: int = 64                   # the most calls in one frame
+    input_shifts_cpu: int = 32            # cpu: each frame's inputs this many places apart within 4 KiB, in
+                                          # turn (4096/n bytes apart): a call's time can hang on where its output
+                                          # lies against its input (4K aliasing), which each process's heap draws
     graphs: bool = True                   # cuda: each program's frame replayed as one CUDA graph (its figure
                                           # is the device's work, no host path) when every program of the window
                                           # can be recorded; else all are timed by calls
@@ -178,6 +181,10 @@ class EvalConfig:
         if self.sandbox.run_as_uid < -1:
             raise ConfigError(f"config sandbox.run_as_uid: must be a uid >= 0, or -1 (stay uid 0), "
                               f"got {self.sandbox.run_as_uid}")
+        shifts = self.timing.input_shifts_cpu
+        if shifts not in (1, 2, 4, 8, 16, 32, 64):
+            raise ConfigError(f"config timing.input_shifts_cpu: must be a power of two from 1 to 64 (at least 64 "
+                              f"bytes apart, torch's alignment), got {shifts}")
         if self.correctness.timed_checks > self.timing.iterations:
             raise ConfigError("config correctness.timed_checks: must not exceed timing.iterations")
 

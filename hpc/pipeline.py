@@ -32,7 +32,7 @@ from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, versions
 from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, keeps_awake
+from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, input_shifts, keeps_awake
 from hpc.profile.timing import Call, Failure, TimingStats, timing_calls, window_figures
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, flush_rate, handshake_ns, paired_ratio,
                                 record_graphs, run_window, timed_by)
@@ -264,7 +264,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             return False
         clock.mark("baseline")
         stage = "profile"
-        calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked), seeds.burst)
+        calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked), seeds.burst, input_shifts(cfg))
         warmup = cfg.timing.warmup * seeds.burst
         entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
                     *baseline_entrants(baseline_driver, cfg, programs, seeds.burst)]

@@ -32,6 +32,7 @@ def test_yaml_overrides_nested_keys(tmp_path):
     ("timing:\n  calibration_calls: 0\n", "timing.calibration_calls"),
     ("timing:\n  host_check_ratio: 0.5\n", "timing.host_check_ratio: removed"),
     ("timing:\n  handshake: fast\n", "timing.handshake"),
+    ("timing:\n  input_shifts_cpu: 3\n", "timing.input_shifts_cpu: must be a power of two"),
     ("backend: tpu\n", "backend"),
     ("reward: 3\n", "reward"),
     ("correctness:\n  distributions: [wide, cauchy]\n", "correctness.distributions"),

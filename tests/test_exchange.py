@@ -75,13 +75,13 @@ def test_the_layout_packs_tensors_aligned_and_keeps_constants():
 def test_frames_time_out_and_end_when_the_writer_is_gone():
     r, w = os.pipe()
     try:
-        send_frame(w, 7, 1, calls=16)
-        assert read_frame(r, time.monotonic() + 1, spin=False) == (7, 1, 16)
+        send_frame(w, 7, 1, calls=16, shift=384)
+        assert read_frame(r, time.monotonic() + 1, spin=False) == (7, 1, 16, 384)
         with pytest.raises(CallTimeout):
             read_frame(r, time.monotonic() + 0.05, spin=False)
         os.set_blocking(r, False)
         send_frame(w, STOP, 0)
-        assert read_frame(r, math.inf, spin=True) == (STOP, 0, 1)
+        assert read_frame(r, math.inf, spin=True) == (STOP, 0, 1, 0)
     finally:
         os.close(w)
     with pytest.raises(ProgramGone):

@@ -62,7 +62,7 @@ EVERY_REQUEST = {
                   Attach({"entries": []}, [], True, 4, {"header": 3}, {"trials": 5}, 0, 1 << 20, 0, 64),
                   Prepare([{"seed": 1}]), Check([]), Run([], 30.0, 1), Cost(7, meta=True), Outputs([]),
                   Repeatable(3, None)],
-    "program": [Ready(), Exit(), ProgramSetup("t.py", "cpu", 1, "cpu", {}, [], False, 1, {}, "ab"),
+    "program": [Ready(), Exit(), ProgramSetup("t.py", "cpu", 1, "cpu", {}, [], False, 1, {}, "ab", [0, 2048, 1024, 3072]),
                 Load("candidate", model_file="m.py", environment={"A": "1"}, op_monitor="m.so",
                      rules={"allowed_torch_ops": []}), Load("compile", mode="max-autotune"), Serve(), Serve("eager")],
 }
@@ -88,6 +88,13 @@ def test_every_request_reads_back_as_sent_by_the_role_that_takes_it(role):
 def test_a_malformed_request_is_refused_with_a_reason(message, words):
     with pytest.raises(ValueError, match=re.escape(words)):
         decode_request(message, "reference")
+
+
+@pytest.mark.parametrize("shifts", [[], [100], [4096], [-64], [0, 64.0]])
+def test_a_program_setup_takes_only_shifts_of_64_bytes_within_4_kib(shifts):
+    message = {**ProgramSetup("t.py", "cpu", 1, "cpu", {}, [], False, 1, {}).to_message(), "shifts": shifts}
+    with pytest.raises(ValueError, match="shifts"):
+        decode_request(message, "program")
 
 
 @pytest.mark.parametrize("reply, words", [

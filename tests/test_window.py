@@ -271,6 +271,34 @@ def test_a_frames_call_seeds_are_its_own_then_ones_no_other_frame_shares():
     assert Call.from_message(calls[9].to_message()) == calls[9]
 
 
+def test_input_shifts_are_every_place_64_bytes_or_more_apart_within_4_kib_on_cpu_and_none_on_cuda():
+    from hpc.config import load_config
+    from hpc.profile.driver import input_shifts
+
+    cfg = load_config(backend="cpu")
+    shifts = input_shifts(cfg)
+    assert sorted(shifts) == list(range(0, 4096, 128)) and shifts[:4] == [0, 2048, 1024, 3072]
+    assert sorted(shifts[:8]) == list(range(0, 4096, 512))     # any 8 in a row spread over the 4 KiB
+    cfg.timing.input_shifts_cpu = 1
+    assert input_shifts(cfg) == [0]
+    assert input_shifts(load_config(backend="cuda")) == [0]
+
+
+def test_every_program_meets_the_same_shifts_in_each_round_of_a_window():
+    """A round's ratio sets a candidate's frames against a baseline's median in the same round: both
+    must have met the same input shifts there, or where each process put its outputs comes back."""
+    from hpc.profile.window import chunks
+
+    shifts = [0, 2048, 1024, 3072]
+    candidate = timing_calls(list(range(12)), 2, {3}, burst=2, shifts=shifts)
+    eager = timing_calls(list(range(100, 112)), 2, set(), burst=2, shifts=shifts)
+    assert [c.shift for c in candidate[4::2]] == shifts * 2 + shifts[:2]   # the timed frames, from the first
+    assert all(c.shift == candidate[k - k % 2].shift for k, c in enumerate(candidate))   # a frame's calls alike
+    for mine, theirs in zip(chunks(candidate[4:], 3), chunks(eager[4:], 3)):
+        assert [c.shift for c in mine] == [c.shift for c in theirs]
+    assert Call.from_message(candidate[5].to_message()) == candidate[5]
+
+
 def test_the_baselines_process_is_held_stopped_through_each_frames_flush_as_a_candidates_is(fast_config,
                                                                                             monkeypatch):
     """Real drivers: the baselines' trusted process is stopped while a frame's inputs are published

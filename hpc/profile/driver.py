@@ -21,12 +21,12 @@ import torch
 from hpc.config import EvalConfig
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
 from hpc.sandbox import freeze
-from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align, huge_page_share,
-                                  map_fd, read_failure, read_outputs, read_process_memory, set_spinning,
+from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align,
+                                  huge_page_share, map_fd, read_failure, read_outputs, read_process_memory, set_spinning,
                                   validated_outputs, write_process_memory)
 from hpc.sandbox.prestart import WorkerPair, harness_file
-from hpc.sandbox.messages import (Attach, Capture, CaptureReply, Check, FailureKind, Load, LoadReply, Prepare,
-                                  ProgramSetup, ReferenceSetup, Run, Serve, decode)
+from hpc.sandbox.messages import (SHIFT_SPAN, Attach, Capture, CaptureReply, Check, FailureKind, Load, LoadReply,
+                                  Prepare, ProgramSetup, ReferenceSetup, Run, Serve, decode)
 from hpc.sandbox.process import SandboxError
 from hpc.task import Task
 
@@ -53,6 +53,19 @@ def keeps_awake(cfg: EvalConfig) -> bool:
 def graph_replays(cfg: EvalConfig) -> bool:
     """Whether the window's frames are to be graph replays, where every program can be recorded."""
     return cfg.backend == "cuda" and cfg.timing.graphs
+
+
+def input_shifts(cfg: EvalConfig) -> list[int]:
+    """How far past the start of a program's slot its frames' inputs lie, in the order the frames
+    take them: on cpu `timing.input_shifts_cpu` places 4096/n bytes apart, in bit-reversed order
+    so that any run of frames (a round of the window) meets them spread over the 4 KiB; [0] on cuda.
+    cumsum ran 3.2 ms with its output at one offset from its input within 4 KiB and 4.9 at another
+    (4K aliasing; benchmarks/cpu_aliasing.py), and each process's heap puts the outputs where its
+    own history leads: eager and torch.compile rose 39% together in one of three runs. Over every
+    shift a program's figure no longer hangs on where its process put them."""
+    n = cfg.timing.input_shifts_cpu if cfg.backend == "cpu" else 1
+    bits = n.bit_length() - 1
+    return [int(format(k, f"0{bits}b")[::-1], 2) * (SHIFT_SPAN // n) if bits else 0 for k in range(n)]
 
 
 def most_calls(cfg: EvalConfig, burst: int) -> int:
@@ -122,18 +135,22 @@ class PairDriver:
                                       flush_bytes=flush, batch_bytes=budget, staging_bytes=staging, per_call=per_call))
         made = prog.request(ProgramSetup(**common, **shared, fds=ex.program.to_message(),
                                          task=str(harness_file(task.path, prog.workdir, "task.py", task.sha256)),
-                                         slot_handle=attached.slot_handle))
+                                         slot_handle=attached.slot_handle, shifts=input_shifts(cfg)))
         if cfg.backend != "cuda":
             if layout.slot_bytes and made.slot_address <= 0:
                 raise SandboxError("malformed reply from the program process: no input slot")
             self.agent = _HostAgent(self.pair, layout, outputs, per_call, batch, flush, made.slot_address)
-            self.huge_pages = huge_page_share(prog.worker_pid, made.slot_address, burst * layout.stride)
+            self.huge_pages = huge_page_share(prog.worker_pid, made.slot_address, burst * layout.stride + SHIFT_SPAN)
         return {"layout": layout, "outputs": outputs, "burst": burst}
 
     def placement(self) -> dict:
-        """Where the program's inputs lie, for the record's conditions: on cpu the share of its input
-        slot on huge pages (`inputs_on_huge_pages`); {} on cuda or where it could not be read."""
-        return {} if self.huge_pages is None else {"inputs_on_huge_pages": round(self.huge_pages, 3)}
+        """Where the program's inputs lie, for the record's conditions: on cpu how many places within
+        4 KiB they take in turn (`input_shifts`) and the share of its input slot on huge pages
+        (`inputs_on_huge_pages`, left out where it could not be read); {} on cuda."""
+        if self.agent is None:
+            return {}
+        shifts = {"input_shifts": len(input_shifts(self.cfg))}
+        return shifts if self.huge_pages is None else {**shifts, "inputs_on_huge_pages": round(self.huge_pages, 3)}
 
     def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         """Run `calls` of `program` (one the program process holds; default: its candidate, or its
@@ -222,9 +239,9 @@ class _HostAgent:
             return Failure(_reference_kind(e), f"reference: {e.reason}")
         return None
 
-    def publish(self, index: int, position: int) -> Failure | None:
-        """Write a call's inputs into the program's slot (a program that unmapped or protected it
-        fails the call)."""
+    def publish(self, index: int, call: Call, position: int) -> Failure | None:
+        """Write a call's inputs into the program's slot, `call.shift` past its position (a program
+        that unmapped or protected it fails the call)."""
         if not self.held:
             try:
                 freeze.stop(self.pid)
@@ -235,7 +252,7 @@ class _HostAgent:
         if not n:
             return None
         try:
-            write_process_memory(self.pid, self.slot_address + position * self.layout.stride,
+            write_process_memory(self.pid, self.slot_address + call.shift + position * self.layout.stride,
                                  self.staging[at:at + n])
         except OSError as e:
             self._release()
@@ -263,7 +280,8 @@ class _HostAgent:
         start = index * self.per_call
         if call.check_inputs and self.layout.slot_bytes:
             try:
-                read_process_memory(self.pid, self.slot_address + position * self.layout.stride, self.readback)
+                read_process_memory(self.pid, self.slot_address + call.shift + position * self.layout.stride,
+                                    self.readback)
             except OSError as e:
                 return Failure(FailureKind.RULES, f"its input slot could not be read after the call: {e}")
             modified = modified_input(self.layout, lambda e: not torch.equal(

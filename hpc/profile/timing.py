@@ -37,13 +37,13 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, ProgramGone, TensorSpec, read_frame,
                                   send_frame)
 from hpc.sandbox.messages import FailureKind
 
-PROTOCOL = "outside-9"     # kept with every record: outside clock, programs side by side in one window,
+PROTOCOL = "outside-10"    # kept with every record: outside clock, programs side by side in one window,
                            # timed calls in bursts; on cuda each burst a graph replay where every program
                            # of the window can be recorded (the record's conditions say: timed_by); on
                            # cpu every program on the cores the drivers leave, a thread a core
@@ -52,7 +52,9 @@ PROTOCOL = "outside-9"     # kept with every record: outside clock, programs sid
                            # sandboxed process's heap on huge pages (hpc.sandbox.process.STEADY_MALLOC);
                            # with timing.handshake spin the programs' cores kept awake and the harness
                            # polling (kept_awake); every program's process, the baselines' too, held
-                           # stopped from a frame's first input until just before t0 (hpc.profile.driver)
+                           # stopped from a frame's first input until just before t0 (hpc.profile.driver);
+                           # on cpu each frame's inputs at the next of input_shifts_cpu places within
+                           # 4 KiB (hpc.profile.driver.input_shifts; the conditions say: input_shifts)
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 
@@ -68,16 +70,18 @@ class Call:
     check_inputs: bool = False   # its inputs are compared after the call (in-place modification)
     poison: int = -1             # index into POISON: fill the program's uninitialized allocations
     follows: bool = False        # runs in the frame of the call before it, back to back
+    shift: int = 0               # cpu: how far past the slot's start its frame's inputs lie (input_shifts)
 
     def to_message(self) -> dict:
         return {"seed": self.seed, "distribution": self.distribution, "timed": self.timed,
                 "checked": self.checked, "check_inputs": self.check_inputs, "poison": self.poison,
-                "follows": self.follows}
+                "follows": self.follows, "shift": self.shift}
 
     @classmethod
     def from_message(cls, data: dict) -> Call:
         return cls(int(data["seed"]), str(data["distribution"]), bool(data["timed"]), bool(data["checked"]),
-                   bool(data["check_inputs"]), int(data["poison"]), bool(data.get("follows", False)))
+                   bool(data["check_inputs"]), int(data["poison"]), bool(data.get("follows", False)),
+                   int(data.get("shift", 0)))
 
 
 def frames(calls: list[Call]) -> list[tuple[int, int]]:
@@ -116,7 +120,7 @@ class Agent(Protocol):
 
     def batch_size(self, calls: list[Call]) -> int: ...
     def prepare(self, calls: list[Call]) -> Failure | None: ...
-    def publish(self, index: int, position: int) -> Failure | None: ...
+    def publish(self, index: int, call: Call, position: int) -> Failure | None: ...
     def flush(self) -> None: ...
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None: ...
     def check(self, calls: list[Call]) -> tuple[Failure | None, dict]: ...
@@ -156,7 +160,7 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
         for a, b in spans[f:g]:
             seq += 1
             for position in range(b - a):
-                failure = agent.publish(a - start + position, position)
+                failure = agent.publish(a - start + position, calls[a + position], position)
                 if failure is not None:
                     failure.call = a + position
                     return LoopResult(times, failure, checks)
@@ -164,9 +168,9 @@ def run_calls(calls: list[Call], agent: Agent, go_fd: int, done_fd: int, spin: b
             agent.flush()
             t0 = time.monotonic_ns()
             flushes.append(t0 - flushed)
-            send_frame(go_fd, seq, calls[a].poison, b - a)
+            send_frame(go_fd, seq, calls[a].poison, b - a, calls[a].shift)
             try:
-                got, status, _ = read_frame(done_fd, deadline, spin)
+                got, status, _, _ = read_frame(done_fd, deadline, spin)
             except CallTimeout:
                 return LoopResult(times, Failure(FailureKind.TIMEOUT, "timed out in a call", a), checks)
             except ProgramGone:
@@ -217,13 +221,18 @@ def call_seeds(seed: int, burst: int) -> list[int]:
                      for k in range(1, burst)]
 
 
-def timing_calls(seeds: list[int], warmup: int, checked: set[int], burst: int = 1) -> list[Call]:
+def timing_calls(seeds: list[int], warmup: int, checked: set[int], burst: int = 1,
+                 shifts: Sequence[int] = (0,)) -> list[Call]:
     """A frame of `burst` calls per seed: `warmup` untimed frames, then one timed frame per seed;
-    every call of the frames at `checked` (indexes among the timed ones) is checked."""
+    every call of the frames at `checked` (indexes among the timed ones) is checked. The frames'
+    inputs lie `shifts` past the slot's start in turn, the timed ones from the first: every program
+    of a window has as many timed frames, so a round of the window (hpc.profile.window) meets the
+    same shifts in each."""
     out = []
     for i, seed in enumerate(seeds):
         timed = i >= warmup
-        out += [Call(s, timed=timed, checked=timed and i - warmup in checked, follows=k > 0)
+        shift = shifts[(i - warmup) % len(shifts)]
+        out += [Call(s, timed=timed, checked=timed and i - warmup in checked, follows=k > 0, shift=shift)
                 for k, s in enumerate(call_seeds(seed, burst))]
     return out
 
@@ -231,11 +240,12 @@ def timing_calls(seeds: list[int], warmup: int, checked: set[int], burst: int = 
 CALIBRATION_WARMUP = 3
 
 
-def calibration_calls(timed: int, burst: int = 1) -> list[Call]:
+def calibration_calls(timed: int, burst: int = 1, shifts: Sequence[int] = (0,)) -> list[Call]:
     """The empty program's frames (`burst` calls each, as the programs it is timed beside):
     CALIBRATION_WARMUP untimed, then `timed` timed ones, none checked, on no inputs (the slot is
-    still published and the cache flushed: every step but the model's)."""
-    return [Call(-1, timed=f >= CALIBRATION_WARMUP, follows=k > 0)
+    still published, at the shifts in turn, and the cache flushed: every step but the model's)."""
+    return [Call(-1, timed=f >= CALIBRATION_WARMUP, follows=k > 0,
+                 shift=shifts[(f - CALIBRATION_WARMUP) % len(shifts)])
             for f in range(CALIBRATION_WARMUP + timed) for k in range(burst)]
 
 

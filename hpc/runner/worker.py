@@ -34,7 +34,7 @@ from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, Exch
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
                                   read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
                                   write_outputs)
-from hpc.sandbox.messages import (WORKER_KINDS, Attach, AttachReply, Capture, CaptureReply, Check, CheckReply, Cost,
+from hpc.sandbox.messages import (SHIFT_SPAN, WORKER_KINDS, Attach, AttachReply, Capture, CaptureReply, Check, CheckReply, Cost,
                                   CostReply, FailureKind, Load, LoadReply, Ok, Outputs, OutputsReply, Prepare,
                                   ProgramSetup, ProgramSetupReply, Ready, ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run,
                                   RunReply, Serve, ServeReply, SetupReply)
@@ -408,7 +408,7 @@ class _DeviceAgent:
         while not self.event.query():
             pass
 
-    def publish(self, index: int, position: int) -> Failure | None:
+    def publish(self, index: int, call: Call, position: int) -> Failure | None:
         size, at = self.ref.layout.slot_bytes, position * self.ref.layout.stride
         with torch.cuda.stream(self.stream):
             self.ref.slot.tensor[at:at + size].copy_(self.private[index * size:(index + 1) * size])
@@ -493,6 +493,7 @@ class ProgramWorker(_Worker):
         burst, stride = req.burst, self.layout.stride
         self.slot_bytes = burst * stride
         self.host_slot: HostSlot | None = None
+        shifts = req.shifts if self.device.type != "cuda" else [0]
         if self.device.type == "cuda":
             self.mappings = cuda_ipc.Mappings()
             try:
@@ -502,12 +503,14 @@ class ProgramWorker(_Worker):
                 raise WorkerError(f"the input slot could not be mapped: {e}", FailureKind.HARNESS) from None
         else:
             try:
-                self.host_slot = HostSlot(self.slot_bytes) if self.slot_bytes else None
+                self.host_slot = HostSlot(self.slot_bytes + SHIFT_SPAN) if self.slot_bytes else None
             except OSError as e:
                 raise WorkerError(f"the input slot could not be made: {e}", FailureKind.HARNESS) from None
             slot = (torch.frombuffer(self.host_slot.view, dtype=torch.uint8) if self.host_slot is not None
                     else torch.empty(0, dtype=torch.uint8))
-        self.positions = [_views(slot[k * stride:], self.layout) for k in range(burst)]
+        self.placed = {shift: [_views(slot[shift + k * stride:], self.layout) for k in range(burst)]
+                       for shift in (shifts if self.slot_bytes else [0])}   # each shift's positions
+        self.positions = self.placed[0] if 0 in self.placed else next(iter(self.placed.values()))
         self.inputs = self.positions[0]
         self.inputs_base = slot.data_ptr()
         empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
@@ -591,7 +594,7 @@ class ProgramWorker(_Worker):
         set_spinning(self.fds.go, self.spin)
         calls = 0
         while True:
-            seq, poison, count = read_frame(self.fds.go, math.inf, self.spin)
+            seq, poison, count, shift = read_frame(self.fds.go, math.inf, self.spin)
             if seq == STOP:
                 return ServeReply(calls)
             calls += count
@@ -600,7 +603,11 @@ class ProgramWorker(_Worker):
                 if not 1 <= count <= len(self.positions):
                     raise WorkerError(f"a frame of {count} calls (the slot holds {len(self.positions)})",
                                       FailureKind.HARNESS)
-                self._one_frame(POISON[poison] if 0 <= poison < len(POISON) else None, count)
+                positions = self.placed.get(shift)
+                if positions is None:
+                    raise WorkerError(f"a frame's inputs {shift} bytes past the slot's start, not one of its shifts",
+                                      FailureKind.HARNESS)
+                self._one_frame(POISON[poison] if 0 <= poison < len(POISON) else None, positions[:count])
             except RuleViolation as e:
                 write_failure(self.header, FailureKind.RULES, str(e))
                 status = DONE_FAILED
@@ -620,25 +627,25 @@ class ProgramWorker(_Worker):
                 status = DONE_FAILED
             send_frame(self.fds.done, seq, status)
 
-    def _one_frame(self, poison: float | None, count: int) -> None:
-        """`count` calls, one on each position's inputs, back to back (or their graph replayed);
-        then one synchronization, and every call's outputs described in the header."""
+    def _one_frame(self, poison: float | None, positions: list) -> None:
+        """A call on each of `positions`' inputs, back to back (or their graph replayed); then one
+        synchronization, and every call's outputs described in the header."""
         if self.replay is not None and poison is None:
-            if self.replay.calls != count:
-                raise WorkerError(f"a frame of {count} calls (the graph holds {self.replay.calls})",
+            if self.replay.calls != len(positions):
+                raise WorkerError(f"a frame of {len(positions)} calls (the graph holds {self.replay.calls})",
                                   FailureKind.HARNESS)
             self.replay.graph.replay()
             outs = self.replay.outputs
         else:
-            outs = self._calls(self.call, poison, count)
+            outs = self._calls(self.call, poison, positions)
         synchronize(self.device)   # device-wide: work left on any stream is inside the frame
         self._describe(outs)
 
-    def _calls(self, call, poison: float | None, count: int) -> list[torch.Tensor]:
-        """`count` calls of `call`, one on each position's inputs: their outputs, each checked to
-        be a tensor the driver can compare."""
+    def _calls(self, call, poison: float | None, positions: list) -> list[torch.Tensor]:
+        """A call of `call` on each of `positions`' inputs: their outputs, each checked to be a
+        tensor the driver can compare."""
         outs = []
-        for inputs in self.positions[:count]:
+        for inputs in positions:
             for k, t in enumerate(as_tuple(call(inputs, poison))):
                 if type(t) is not torch.Tensor:
                     raise RuleViolation(f"output {k} is a {type(t).__module__}.{type(t).__name__}, "
@@ -689,13 +696,13 @@ class ProgramWorker(_Worker):
             side = torch.cuda.Stream()   # warm up on a side stream, as torch asks before a capture
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self._calls(call, None, req.calls)
+                self._calls(call, None, self.positions[:req.calls])
             torch.cuda.current_stream().wait_stream(side)
             synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph):
-                    outs = self._calls(call, None, req.calls)
+                    outs = self._calls(call, None, self.positions[:req.calls])
             finally:
                 cuda_ipc.forget_exported()   # the capture emptied torch's cache: memory went back to the driver
             graph.replay()

@@ -13,11 +13,16 @@ checks (the harness on cpu, with process_vm_readv; the reference on cuda, throug
 - slot: the inputs of the next frame's calls. On cpu, private anonymous memory of the program's
   own (`HostSlot`: 2 MiB aligned, on transparent huge pages where the host grants them), which the
   harness writes with process_vm_writev; on 4 KiB pages a row's figure moved with where its input's
-  pages landed in physical memory (up to 30%, docs/benchmarks.md). On cuda, a device allocation of
-  the reference's own, exported once to the program.
+  pages landed in physical memory (up to 30%, docs/benchmarks.md). On cpu the slot is SHIFT_SPAN
+  (hpc.sandbox.messages) longer than its positions, and each go frame says how far past the start
+  its inputs lie this time (a multiple of 64 bytes, `timing.input_shifts_cpu` places in turn): a
+  call can run 50% slower with its output at one offset from its input within a 4 KiB page than at
+  another (4K aliasing, benchmarks/cpu_aliasing.py), and where a process's heap puts its outputs
+  is drawn anew in each process. On cuda, a device allocation of the reference's own, exported
+  once to the program.
 - staging (memfd on cpu; harness and reference only): a batch of inputs the reference made, and
   the outputs the harness captured, for the reference to check.
-- go pipe (driver -> program) and done pipe (program -> driver): one 24-byte frame per frame of
+- go pipe (driver -> program) and done pipe (program -> driver): one 32-byte frame per frame of
   calls. A timed frame runs several calls back to back (a burst), each on inputs of its own in its
   own position of the slot, and the header describes every call's outputs: the handshake is paid
   once per frame, not once per call.
@@ -45,7 +50,7 @@ HEADER_BYTES = 65536
 MAX_OUTPUTS = 16                                   # outputs of one call
 MAX_DIMS = 8
 ALIGN = 256
-_FRAME = struct.Struct("<qqq")                    # (sequence number, value, calls)
+_FRAME = struct.Struct("<qqqq")                   # (sequence number, value, calls, input shift in bytes)
 _COUNT = struct.Struct("<II")                     # (outputs, error length) at offset 0
 _OUTPUT = struct.Struct(f"<BB6x{MAX_DIMS}qQ64s")   # dtype, ndim, shape, address, handle
 _OUTPUTS_AT, _ERROR_MAX = 64, 4096
@@ -213,12 +218,12 @@ class CallTimeout(Exception):
     """No done frame before the deadline."""
 
 
-def send_frame(fd: int, seq: int, value: int = 0, calls: int = 1) -> None:
-    os.write(fd, _FRAME.pack(seq, value, calls))   # 24 bytes: one atomic pipe write
+def send_frame(fd: int, seq: int, value: int = 0, calls: int = 1, shift: int = 0) -> None:
+    os.write(fd, _FRAME.pack(seq, value, calls, shift))   # 32 bytes: one atomic pipe write
 
 
-def read_frame(fd: int, deadline: float, spin: bool) -> tuple[int, int, int]:
-    """The next frame from `fd`: (sequence number, value, calls), blocking until `deadline` (with
+def read_frame(fd: int, deadline: float, spin: bool) -> tuple[int, int, int, int]:
+    """The next frame from `fd`: (sequence number, value, calls, shift), blocking until `deadline` (with
     `spin`, polling without sleeping: a waiting core answers in a microsecond, a woken one in tens)."""
     buf = b""
     while len(buf) < _FRAME.size:

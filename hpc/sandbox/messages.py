@@ -31,6 +31,8 @@ class FailureKind(StrEnum):
     CORRECTNESS = "correctness"  # an output is wrong, or could not be read
 
 
+SHIFT_SPAN = 4096   # cpu: a frame's inputs lie less than this past the start of the program's slot
+
 # The kinds a worker may report (an error reply's "kind", a failure the program writes in the
 # shared header); the rest are the harness's own findings, which a worker cannot claim.
 WORKER_KINDS = frozenset({FailureKind.HARNESS, FailureKind.TASK, FailureKind.LOAD, FailureKind.RUNTIME,
@@ -251,6 +253,11 @@ class ProgramSetup(Request):
     burst: int
     fds: dict
     slot_handle: str = ""
+    shifts: list = field(default_factory=lambda: [0])   # how far past the slot's start a frame's inputs may lie
+
+    def __post_init__(self):
+        if not self.shifts or not all(type(x) is int and 0 <= x < SHIFT_SPAN and x % 64 == 0 for x in self.shifts):
+            raise ValueError(f"ProgramSetup.shifts: expected multiples of 64 in [0, {SHIFT_SPAN})")
 
 
 @dataclass(frozen=True)
