@@ -62,11 +62,14 @@ for spec in "$@"; do
         policy) cmd=(python3 benchmarks/policy_speed.py --device cuda --preset 0.5b --out "$out/policy.json"
                      ${POLICY_ARGS:-}) ;;
         spread) cmd=(python3 benchmarks/compile_spread.py --backend cuda --out "$out/spread.json" ${SPREAD_ARGS:-}) ;;
-        repeat) cmd=(python3 benchmarks/reward_repeat.py --backend cuda --keep "$out/repeat" ${REPEAT_ARGS:-}) ;;
+        repeat) cmd=(python3 benchmarks/reward_repeat.py --backend cuda --keep "$HPC_CACHE_DIR/repeat" ${REPEAT_ARGS:-}) ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
     timeout "$limit" "${cmd[@]}" >"$out/$stage.log" 2>&1
     rc=$?
+    if [ "$stage" = repeat ]; then   # the records alone: a call brings back 8 files, journals and locks would take places
+        mkdir -p "$out/repeat" && cp "$HPC_CACHE_DIR"/repeat/run-*.h5 "$HPC_CACHE_DIR"/repeat/picks-*.json "$out/repeat/"
+    fi
     tail -n 40 "$out/$stage.log"
     echo "=== $stage exit $rc $(date -u +%T)"
 done
