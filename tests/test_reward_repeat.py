@@ -48,3 +48,15 @@ def test_a_ratio_that_follows_the_memory_bandwidth_of_its_window_reads_so():
     bound_only = [{"bound": run["bound"]} for run in runs]
     assert "correlation 1.00" in bandwidth_movement(bound_only)[0]
     assert bandwidth_movement([{"a": _row(1.0, 3.0, 2.0, 0.1, float("nan"))}] * 3) == []   # cuda: no flush rate
+
+
+def test_a_figure_read_shift_by_shift_weighs_every_shift_alike():
+    """Frames at shift 0 fast and at shift 1 slow: the window's median swings with how many of each
+    it took, the shift-by-shift figure does not."""
+    from reward_repeat import shift_by_shift
+
+    fast_heavy = [1.0, 2.0] * 5 + [1.0]          # six fast frames, five slow
+    slow_heavy = [2.0, 1.0] * 5 + [2.0]          # the same window with its shifts the other way round
+    assert shift_by_shift(fast_heavy, 2) == shift_by_shift(slow_heavy, 2) == 1.5
+    assert shift_by_shift([3.0, 1.0, 2.0], 1) == 2.0   # one shift: the median
+    assert shift_by_shift([], 32) != shift_by_shift([], 32)   # NaN without frames

@@ -323,3 +323,20 @@ def test_the_baselines_process_is_held_stopped_through_each_frames_flush_as_a_ca
                                       DeviceLock("cpu", fast_config.cache_path()))
     assert stats.median_ms > 0 and len(states) >= fast_config.timing.iterations
     assert set(states) == {"T"}, states
+
+
+def test_a_task_whose_calls_take_no_tensor_is_timed_at_every_input_shift(fast_config, tmp_path):
+    """Its slot holds no bytes, yet its frames still carry the window's shifts: the program takes
+    them all (each shift's positions over the empty slot), or its frames fail as the harness's."""
+    from hpc.baseline import measure_program
+    from hpc.profile.device_lock import DeviceLock
+    from hpc.task import load_task
+
+    task = tmp_path / "level1" / "ramp.py"
+    task.parent.mkdir()
+    task.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    "    def forward(self, n):\n        return torch.arange(n, dtype=torch.float32) * 2\n\n\n"
+                    "def get_inputs():\n    return [4096]\n\n\ndef get_init_inputs():\n    return []\n")
+    stats, measured = measure_program(load_task(task), "eager", fast_config, 1,
+                                      DeviceLock("cpu", fast_config.cache_path()))
+    assert stats.median_ms > 0 and measured["input_shifts"] == 32

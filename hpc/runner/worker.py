@@ -34,10 +34,10 @@ from hpc.sandbox.exchange import (DONE_FAILED, DONE_OK, HEADER_BYTES, STOP, Exch
                                   OutputDescriptor, TensorSpec, map_fd, packed, read_failure, read_frame,
                                   read_outputs, send_frame, set_spinning, validated_outputs, write_failure,
                                   write_outputs)
-from hpc.sandbox.messages import (SHIFT_SPAN, WORKER_KINDS, Attach, AttachReply, Capture, CaptureReply, Check, CheckReply, Cost,
-                                  CostReply, FailureKind, Load, LoadReply, Ok, Outputs, OutputsReply, Prepare,
-                                  ProgramSetup, ProgramSetupReply, Ready, ReferenceSetup, Repeatable, RepeatableReply, Reply, Request, Run,
-                                  RunReply, Serve, ServeReply, SetupReply)
+from hpc.sandbox.messages import (SHIFT_SPAN, WORKER_KINDS, Attach, AttachReply, Capture, CaptureReply, Check,
+                                  CheckReply, Cost, CostReply, FailureKind, Load, LoadReply, Ok, Outputs, OutputsReply,
+                                  Prepare, ProgramSetup, ProgramSetupReply, Ready, ReferenceSetup, Repeatable,
+                                  RepeatableReply, Reply, Request, Run, RunReply, Serve, ServeReply, SetupReply)
 from hpc.task import load_task_module
 from hpc.verify.compare import compare_outputs
 
@@ -509,8 +509,8 @@ class ProgramWorker(_Worker):
             slot = (torch.frombuffer(self.host_slot.view, dtype=torch.uint8) if self.host_slot is not None
                     else torch.empty(0, dtype=torch.uint8))
         self.placed = {shift: [_views(slot[shift + k * stride:], self.layout) for k in range(burst)]
-                       for shift in (shifts if self.slot_bytes else [0])}   # each shift's positions
-        self.positions = self.placed[0] if 0 in self.placed else next(iter(self.placed.values()))
+                       for shift in shifts}   # each shift's positions (of an empty slot where no input has bytes)
+        self.positions = self.placed[shifts[0]]
         self.inputs = self.positions[0]
         self.inputs_base = slot.data_ptr()
         empty = _EmptyModel([torch.zeros(o.shape, dtype=getattr(torch, o.dtype), device=self.device)
