@@ -65,6 +65,9 @@ for spec in "$@"; do
         repeat) cmd=(python3 benchmarks/reward_repeat.py --backend cuda --keep "$HPC_CACHE_DIR/repeat" ${REPEAT_ARGS:-}) ;;
         *) echo "unknown stage $stage"; exit 2 ;;
     esac
+    if [ "$stage" = repeat ] && [[ " ${REPEAT_ARGS:-} " != *" --first "* ]]; then
+        rm -rf "$HPC_CACHE_DIR/repeat"   # a warm machine's earlier runs are not this call's (unless --first adds to them)
+    fi
     timeout "$limit" "${cmd[@]}" >"$out/$stage.log" 2>&1
     rc=$?
     if [ "$stage" = repeat ]; then   # the records alone: a call brings back 8 files, journals and locks would take places
