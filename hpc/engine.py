@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -137,3 +137,74 @@ def in_threads(evaluate_one: Callable[[Item[P]], R | None], jobs: int = 1, prest
             for future in as_completed(futures):
                 yield futures[future], future.result()
     return evaluate
+
+
+@dataclass(eq=False)
+class Turn:
+    """One item's evaluation under the gate: `beside` is set once another ran at the same time."""
+
+    beside: bool = False
+
+
+class Gate:
+    """A run's items are evaluated side by side (`shared`), except one evaluated again `alone`: it
+    waits for the evaluations in flight to finish, and none starts until it is done (new shared
+    holders queue behind a waiting one). Threads of one process (`in_threads`), unlike the device's
+    flock (hpc.profile.device_lock), which the evaluations hold inside."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._turns: set[Turn] = set()
+        self._alone = False
+        self._queued = 0     # items waiting to run alone, waiting for the shared holders to finish
+
+    @contextmanager
+    def shared(self) -> Iterator[Turn]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._alone and not self._queued)
+            turn = Turn(beside=bool(self._turns))
+            for other in self._turns:
+                other.beside = True
+            self._turns.add(turn)
+        try:
+            yield turn
+        finally:
+            with self._cond:
+                self._turns.discard(turn)
+                self._cond.notify_all()
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cond:
+            self._queued += 1
+            try:
+                self._cond.wait_for(lambda: not self._alone and not self._turns)
+            finally:
+                self._queued -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
+
+
+def again_alone(first: Callable[[Item[P]], R | None], again: Callable[[Item[P], R], R | None],
+                needs_again: Callable[[R], bool]) -> Callable[[Item[P]], R | None]:
+    """An evaluate-one function for `in_threads` with several jobs on one device: each item is
+    evaluated by `first` side by side with the others, and one whose result `needs_again` (it ran
+    out of memory, say, which may have been a neighbour's) while another ran beside it is handed to
+    `again(item, first result)` alone: no other evaluation runs meanwhile. What `again` returns is
+    the item's result, the only one written. With one job nothing runs beside an item, and none is
+    evaluated again."""
+    gate = Gate()
+
+    def one(item: Item[P]) -> R | None:
+        with gate.shared() as turn:
+            result = first(item)
+        if result is None or not (turn.beside and needs_again(result)):
+            return result
+        with gate.alone():
+            return again(item, result)
+    return one

@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
+
+
+_OUT_OF_MEMORY = re.compile(r"\b(?:OutOfMemoryError|MemoryError)\b|out of memory", re.IGNORECASE)
+
+
+def names_out_of_memory(reason: str) -> bool:
+    """Whether a failure's one-line reason is running out of memory: torch's OutOfMemoryError, a
+    MemoryError, or the sandboxed worker's own "CUDA out of memory" / "out of memory (address-space
+    limit)". On a device shared with other evaluations that may be their memory, not the item's."""
+    return bool(_OUT_OF_MEMORY.search(reason))
 
 
 class UserError(Exception):

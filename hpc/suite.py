@@ -19,8 +19,8 @@ from pathlib import Path
 from hpc.analysis.metrics import make_run, summarize_run
 from hpc.candidate import Candidate, load_candidate
 from hpc.config import EvalConfig
-from hpc.errors import CandidateError, MissingCandidateError, shown
-from hpc.engine import Item, Unkept, in_threads, run_items
+from hpc.errors import CandidateError, MissingCandidateError, names_out_of_memory, shown
+from hpc.engine import Item, Unkept, again_alone, in_threads, run_items
 from hpc.pipeline import evaluate
 from hpc.results.hdf5 import RecordStore
 from hpc.results.record import EvalRecord, record_key
@@ -134,12 +134,27 @@ def evaluate_suite(tasks: list[Task | BadTask], candidates_root: Path, cfg: Eval
 
     With `jobs` > 1 that many evaluations run at once on the one device: compiles, process starts,
     baselines' torch.compile and correctness overlap, while every timed run holds the device alone
-    (hpc.profile.device_lock). Worker processes of the next evaluations start while these run.
+    (hpc.profile.device_lock). Worker processes of the next evaluations start while these run. One
+    that ran out of memory while others ran beside it is run again alone, since the memory may have
+    been theirs (`again_alone`); its record is the second run's, with the first's reason in
+    `first_reason`.
     """
     entries = suite_entries([(t, None if isinstance(t, BadTask) else find_candidate(t, candidates_root))
                              for t in tasks], shown(candidates_root))
     items = [Item(e.record_key(), e) for e in entries]
-    run = run_items(items, in_threads(lambda item: evaluate_entry(item.payload, cfg), jobs),
+
+    def again(item: Item[Entry], first: EvalRecord) -> EvalRecord:
+        log.info("eval-suite: %s ran out of memory with other evaluations beside it (%s); evaluating it again "
+                 "alone", item.payload.task.task_id, first.failed_stage)
+        rec = evaluate_entry(item.payload, cfg)
+        rec.first_reason = shown(f"{first.failed_stage}: {first.reason}")
+        return rec
+
+    def out_of_memory(rec: EvalRecord) -> bool:
+        return rec.status != "ok" and names_out_of_memory(rec.reason)
+
+    evaluate_one = again_alone(lambda item: evaluate_entry(item.payload, cfg), again, out_of_memory)
+    run = run_items(items, in_threads(evaluate_one, jobs),
                     store if store is not None else Unkept(), describe=lambda item, rec: describe(rec),
                     label="eval-suite")
     written = {record_key(r): r for r in run.written}

@@ -67,6 +67,37 @@ def make_fast_config(cache_dir: Path, backend: str = "cpu"):
     return cfg
 
 
+# The head of a task file whose Model meets others through a flock on LOCK (a file of the test), for
+# the tests of an evaluation run out of memory beside another (tests/test_cli.py, test_synthesis.py):
+# one Model holds LOCK, as a task holds device memory; `neighbour_holds_lock` waits up to `seconds`
+# for another to hold it. Format it with lock=PATH; braces of the rest of the file are doubled.
+LOCKED_TASK_HEAD = """import fcntl
+import os
+import time
+
+import torch
+import torch.nn as nn
+
+LOCK = {lock!r}
+
+
+def neighbour_holds_lock(seconds):
+    fd = os.open(LOCK, os.O_RDONLY)
+    try:
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+"""
+
 def plumbing_config(folder: Path) -> Path:
     """A config file for tests of what runs around evaluations (every record once, resume, lost
     ranks, requeues, templates): eager alone as the baseline, since torch.compile's costs some 25 s

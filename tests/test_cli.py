@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hpc.results.hdf5 import read_records
-from tests.conftest import RELU_TASK, ROOT, TESTS, plumbing_config
+from tests.conftest import LOCKED_TASK_HEAD, RELU_TASK, ROOT, TESTS, plumbing_config
 
 
 def hpc(*args, env_cache=None, timeout=600, tmpdir=None):
@@ -71,6 +71,57 @@ def test_eval_suite_with_two_jobs_records_every_task_once_in_task_order(tmp_path
     assert all(r.status == "ok" and r.correct for r in records), [r.reason for r in records]
     table_rows = [ln.split()[0] for ln in proc.stdout.splitlines() if ln.startswith("level1/")]
     assert table_rows == ["level1/relu_a", "level1/relu_b", "level1/relu_c"]
+
+
+# Tasks that meet through a flock on LOCK (tests.conftest.LOCKED_TASK_HEAD): the hog's Model holds it
+# shared (each of its evaluation's processes builds one) for as long as the process that built it
+# lives; the squeezed one's Model waits up to 5 s for a neighbour to hold it, and runs out of memory
+# while one does.
+_LOCKED_RELU = LOCKED_TASK_HEAD + """
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(1 << 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+_HOG = ("        self.held = os.open(LOCK, os.O_RDONLY)\n        fcntl.flock(self.held, fcntl.LOCK_SH)\n"
+        "        time.sleep(3)")
+_SQUEEZED = ("        if neighbour_holds_lock(5):\n"
+             "            raise torch.OutOfMemoryError('out of memory: a neighbour holds the memory')")
+
+
+def test_eval_suite_runs_an_evaluation_out_of_memory_beside_another_again_alone(tmp_path, cache_dir):
+    """With two jobs the squeezed task runs out of memory while the hog runs beside it; run again
+    once the hog is done, it passes, and that record, with the first one's reason, is the one kept."""
+    lock = tmp_path / "memory.lock"
+    lock.touch()
+    tasks, solutions = tmp_path / "tasks" / "level1", tmp_path / "solutions" / "level1"
+    tasks.mkdir(parents=True)
+    for name, init in (("a_hog", _HOG), ("b_squeezed", _SQUEEZED)):
+        (tasks / f"{name}.py").write_text(_LOCKED_RELU.format(lock=str(lock), init=init))
+        shutil.copytree(TESTS / "fixtures" / "honest_relu", solutions / name)
+    config = tmp_path / "locked.yaml"   # the workers may read the lock file in the test's folder
+    config.write_text(plumbing_config(tmp_path).read_text() + "sandbox:\n  restrict_reads: false\n  run_as_uid: -1\n")
+    out = tmp_path / "r.h5"
+    proc = hpc("eval-suite", tasks.parent, solutions.parent, "--backend", "cpu", "--scale", "cpu", "--jobs", "2",
+               "--iterations", "20", "--out", out, "--config", config, env_cache=cache_dir)
+    assert proc.returncode == 0, proc.stderr
+    hog, squeezed = read_records(out)   # each once
+    assert (hog.task_id, hog.status, hog.first_reason) == ("level1/a_hog", "ok", "")
+    assert (squeezed.task_id, squeezed.status, squeezed.correct) == ("level1/b_squeezed", "ok", True)
+    assert "OutOfMemoryError: out of memory: a neighbour holds the memory" in squeezed.first_reason
+    assert proc.stderr.count("ran out of memory with other evaluations beside it") == 1
 
 
 @pytest.mark.parametrize("args, words", [

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from hpc.engine import Item, in_threads, run_items
+from hpc.engine import Gate, Item, again_alone, in_threads, run_items
 from hpc.errors import TaskError
 from hpc.results.hdf5 import RecordStore, read_records
 from hpc.results.record import EvalRecord
@@ -113,3 +114,69 @@ def test_only_means_the_task_ids_containing_one_of_the_strings():
     assert select_tasks(tasks, [], "tasks") == tasks
     with pytest.raises(TaskError, match="no task id contains conv or pool"):
         select_tasks(tasks, ["conv", "pool"], "tasks")
+
+
+# ---- items evaluated side by side, one that needs it evaluated again alone ----
+
+def test_an_item_run_alone_waits_for_those_in_flight_and_none_starts_beside_it():
+    """Real threads on a run's gate: an item asked to run alone while another runs starts when it
+    ends, and one asked for after it waits for it; items that overlap see each other."""
+    gate, order = Gate(), []
+
+    def recheck():
+        with gate.alone():
+            order.append("recheck")
+            time.sleep(0.3)
+            order.append("recheck done")
+
+    def check():
+        with gate.shared():
+            order.append("check")
+
+    with gate.shared() as first:
+        threads = [threading.Thread(target=recheck)]
+        threads[0].start()
+        while not (gate._queued or order):   # the re-check waits for this check (or, wrongly, runs)
+            time.sleep(0.01)
+        threads.append(threading.Thread(target=check))
+        threads[1].start()
+        time.sleep(0.3)
+        assert order == [] and not first.beside
+    for t in threads:
+        t.join(10)
+    assert order == ["recheck", "recheck done", "check"]
+    with gate.shared() as one, gate.shared() as two:
+        pass
+    assert one.beside and two.beside
+
+
+def test_only_a_result_that_needs_it_after_running_beside_another_is_evaluated_again_alone():
+    """Four items on four threads: "squeezed" fails while others run beside it and is evaluated
+    again, with nothing beside it, and that second result is the one written; "hopeless" is
+    evaluated again and stays failed; the ok ones once each. With one job none is evaluated again."""
+    running, seen = set(), []
+    lock = threading.Lock()
+
+    def first(item: Item[str]) -> str:
+        with lock:
+            running.add(item.key)
+        time.sleep(0.2)          # long enough for the other thread's item to start beside it
+        with lock:
+            running.discard(item.key)
+        return "failed" if item.key in ("squeezed", "hopeless") else "ok"
+
+    def again(item: Item[str], result: str) -> str:
+        with lock:
+            seen.append((item.key, result, set(running)))
+        return "ok again" if item.key == "squeezed" else "failed again"
+
+    items = [Item(k, k) for k in ("squeezed", "a", "hopeless", "b")]
+    results = dict(in_threads(again_alone(first, again, lambda r: r == "failed"), 4, prestart=False)(
+        items, threading.Event()))
+    assert {i.key: r for i, r in results.items()} == {"squeezed": "ok again", "a": "ok", "hopeless": "failed again",
+                                                        "b": "ok"}
+    assert sorted(seen) == [("hopeless", "failed", set()), ("squeezed", "failed", set())]   # alone, each once
+    seen.clear()
+    results = dict(in_threads(again_alone(first, again, lambda r: r == "failed"), 1, prestart=False)(
+        items, threading.Event()))
+    assert seen == [] and {i.key: r for i, r in results.items()}["squeezed"] == "failed"

@@ -25,10 +25,10 @@ from hpc.synthesis.compose import compose
 from hpc.synthesis.config import FILTERS, ComposeConfig, FilterConfig, SynthesisConfig, load_synthesis_config
 from hpc.synthesis.filters import FilterChain, output_stats, repeated_axis
 from hpc.synthesis.manifest import read_manifest
-from hpc.synthesis.shards import Gate, checked_stats, merge, read_shard, run_local, run_shard, shard_path
+from hpc.synthesis.shards import checked_stats, merge, read_shard, run_local, run_shard, shard_path
 from hpc.synthesis.similarity import BenchmarkIndex, ast_hash, normalized_tokens, op_signature, similarity
 from hpc.task import load_task
-from tests.conftest import ROOT, TESTS
+from tests.conftest import LOCKED_TASK_HEAD, ROOT, TESTS
 
 RUN_FILTERS = ["eager", "finite", "constant", "runtime", "compile"]   # skipped where a test needs only static ones
 
@@ -461,67 +461,10 @@ def test_a_run_cut_short_has_the_merges_statistics_over_the_candidates_checked(t
 
 # ---- out of memory beside another candidate: checked again alone ----
 
-def test_a_recheck_waits_for_the_checks_in_flight_and_none_starts_beside_it():
-    """Real threads on a shard's gate: a re-check asked for while a check runs starts when it ends,
-    and a check asked for after the re-check waits for it; checks that overlap see each other."""
-    gate, order = Gate(), []
-
-    def recheck():
-        with gate.alone():
-            order.append("recheck")
-            time.sleep(0.3)
-            order.append("recheck done")
-
-    def check():
-        with gate.shared():
-            order.append("check")
-
-    with gate.shared() as first:
-        threads = [threading.Thread(target=recheck)]
-        threads[0].start()
-        while not (gate._queued or order):   # the re-check waits for this check (or, wrongly, runs)
-            time.sleep(0.01)
-        threads.append(threading.Thread(target=check))
-        threads[1].start()
-        time.sleep(0.3)
-        assert order == [] and not first.beside
-    for t in threads:
-        t.join(10)
-    assert order == ["recheck", "recheck done", "check"]
-    with gate.shared() as one, gate.shared() as two:
-        pass
-    assert one.beside and two.beside
-
-
-# Candidates that meet through a flock on LOCK (a file of the test): the hog holds it for as long as
-# its sandboxed worker lives, as a task holds device memory; the others wait up to 5 s for a
-# neighbour to hold it (so they run beside one) and run out of memory while it does.
-_LOCKED = """import fcntl
-import os
-import time
-
-import torch
-import torch.nn as nn
-
-LOCK = {lock!r}
-
-
-def neighbour_holds_lock(seconds):
-    fd = os.open(LOCK, os.O_RDONLY)
-    try:
-        end = time.monotonic() + seconds
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.05)
-    finally:
-        os.close(fd)
-
+# Candidates that meet through a flock on LOCK (tests.conftest.LOCKED_TASK_HEAD): the hog holds it for
+# as long as its sandboxed worker lives; the others wait up to 5 s for a neighbour to hold it (so they
+# run beside one) and run out of memory while it does.
+_LOCKED = LOCKED_TASK_HEAD + """
 
 class Model(nn.Module):
     def __init__(self, dim):

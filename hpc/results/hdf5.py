@@ -53,7 +53,7 @@ from hpc.results.columns import KINDS, column_dtype, describe, kind_of_dtype
 from hpc.results.journal import Journal, journal_path, read_entries, replace_durably, write_new
 from hpc.results.record import COLUMNS, FIELDS, RENAMED_STAGES, EvalRecord, record_key
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # columns newer than version 1: older files read them as defaults (version 3 also dropped
 # candidate_host_ms and host_check_ms, which the in-process clock measured)
 ADDED_IN = {c.name: c.added_in for c in COLUMNS if c.added_in > 1}

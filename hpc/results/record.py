@@ -65,6 +65,10 @@ class EvalRecord:
                                                        "`profile` were `correctness` and `timing` before version 6")
     reason: str = column("", "", "one line: compiler error, mismatch statistics, a broken rule (`rules: ...`), "
                                  "crash signal, timeout...")
+    first_reason: str = column("", "", "where the evaluation ran out of memory while others ran beside it on the device "
+                                       "(`eval-suite --jobs` > 1) and was run again alone: the first one's "
+                                       "`failed_stage: reason`; the record is the second's. Empty otherwise",
+                               added_in=8)
     compiled: bool = column(False, "", "kernels built (workdir) or extension loaded (single file)")
     compile_seconds: float = column(math.nan, "s", "native compile wall time (NaN for single files)")
     compile_cached: bool = column(False, "", "the compile was served from the content-hash cache")

@@ -49,13 +49,19 @@ def _cuda() -> ctypes.CDLL:
         lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
         lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
         lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+        lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         _driver = lib
     return _driver
 
 
 def _check(result: int, what: str) -> None:
+    """IpcError naming the driver's error in its own words ("out of memory" for CUresult 2, which
+    hpc.errors.names_out_of_memory reads: a suite's evaluation is then run again alone)."""
     if result != 0:
-        raise IpcError(f"{what} failed (CUresult {result})")
+        text = ctypes.c_char_p()
+        if _cuda().cuGetErrorString(result, ctypes.byref(text)) != 0 or not text.value:
+            raise IpcError(f"{what} failed (CUresult {result})")
+        raise IpcError(f"{what} failed: {text.value.decode(errors='replace')} (CUresult {result})")
 
 
 def _range(ptr: int) -> tuple[int, int]:

@@ -92,16 +92,6 @@ def _error_kind(reason: str) -> str:
     return found.group(1) if found else "error"
 
 
-_OUT_OF_MEMORY = re.compile(r"\b(?:OutOfMemoryError|MemoryError)\b|out of memory", re.IGNORECASE)
-
-
-def out_of_memory(verdict: Verdict) -> bool:
-    """A rejection for running out of memory, by whichever filter: torch's OutOfMemoryError, a
-    MemoryError, or the worker's own "CUDA out of memory" / "out of memory (address-space limit)".
-    On a device shared with other candidates that may be their memory, not the task's own."""
-    return not verdict.accepted and bool(_OUT_OF_MEMORY.search(verdict.reason))
-
-
 def output_stats(out: torch.Tensor) -> dict:
     """What the reports and the variation filter read of one output: shape, mean, std and the
     variation std / (|mean| + std) (0 for an all-zero output; None for fewer than 2 values, a

@@ -19,15 +19,13 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc.engine import Item, in_threads, run_items
-from hpc.errors import DataFileError
+from hpc.engine import Item, again_alone, in_threads, run_items
+from hpc.errors import DataFileError, names_out_of_memory
 from hpc.synthesis.config import FILTERS, SynthesisConfig
-from hpc.synthesis.filters import FilterChain, Verdict, out_of_memory
+from hpc.synthesis.filters import FilterChain
 from hpc.synthesis.manifest import run_stats, stats_table, write_manifest
 from hpc.synthesis.similarity import BenchmarkIndex
 
@@ -191,57 +189,6 @@ class ShardFile:
         self.accepted += rec["accepted"]
 
 
-@dataclass(eq=False)
-class Turn:
-    """One candidate's check under the gate: `beside` is set once another ran at the same time."""
-
-    beside: bool = False
-
-
-class Gate:
-    """A shard's candidates are checked side by side (`shared`), except a re-check `alone`: it
-    waits for the checks in flight to finish, and none starts until it is done (new shared holders
-    queue behind a waiting re-check). Threads of one process: a shard's own, unlike the device's
-    flock (hpc.profile.device_lock), which the filters hold inside."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._turns: set[Turn] = set()
-        self._alone = False
-        self._queued = 0     # re-checks waiting for the shared holders to finish
-
-    @contextmanager
-    def shared(self) -> Iterator[Turn]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._alone and not self._queued)
-            turn = Turn(beside=bool(self._turns))
-            for other in self._turns:
-                other.beside = True
-            self._turns.add(turn)
-        try:
-            yield turn
-        finally:
-            with self._cond:
-                self._turns.discard(turn)
-                self._cond.notify_all()
-
-    @contextmanager
-    def alone(self) -> Iterator[None]:
-        with self._cond:
-            self._queued += 1
-            try:
-                self._cond.wait_for(lambda: not self._alone and not self._turns)
-            finally:
-                self._queued -= 1
-            self._alone = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._alone = False
-                self._cond.notify_all()
-
-
 def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
               stop: threading.Event | None = None, deadline: float | None = None) -> dict:
     """Filter this shard's candidates not yet in its file. With `stop` set (SIGTERM from Slurm),
@@ -251,8 +198,8 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
     "cut_by_deadline" in the summary says candidates were left for a later run. The evaluation
     workers' processes start ahead (hpc.sandbox.prestart) where the machine has the cores.
 
-    A candidate rejected for running out of memory (filters.out_of_memory) while another ran
-    beside it is checked once more alone (`Gate`), and that verdict is its record
+    A candidate rejected for running out of memory (hpc.errors.names_out_of_memory) while another ran
+    beside it is checked once more alone (hpc.engine.again_alone), and that verdict is its record
     (`rechecked_alone`, the first one's filter and reason in `first_reason`): the memory may have
     been the neighbour's. It is recorded once, with its final verdict, like any other."""
     source = Source(cfg)
@@ -265,14 +212,13 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
             chain.remember(rec["ast_hash"], rec["index"])
     stop = stop or threading.Event()
     cut = threading.Event()
-    gate = Gate()
 
-    def record(index: int) -> tuple[Verdict, dict]:
-        """The candidate's verdict, and as its shard line."""
+    def record(index: int) -> dict:
+        """The candidate's verdict as its shard line."""
         proposal = source.get(index)
         t0 = time.monotonic()
         verdict = chain.check(index, proposal.code, proposal.stem)
-        return verdict, {
+        return {
             "index": index, "stem": proposal.stem, "level": proposal.level, "task_id": proposal.task_id,
             "ops": proposal.ops, "data_source": proposal.data_source, "family": proposal.family,
             "categories": list(proposal.categories), "code": proposal.code,
@@ -282,29 +228,32 @@ def run_shard(cfg: SynthesisConfig, shard: int, shards: int, out: Path,
 
     def check(item: Item[int]) -> dict | None:
         """The candidate's shard line; None when the time budget is spent or the shard stopped."""
-        with gate.shared() as turn:
-            if deadline is not None and time.monotonic() >= deadline:
-                cut.set()
-                return None
-            if stop.is_set():   # it waited behind a re-check
-                return None
-            verdict, first = record(item.payload)
-        if not (turn.beside and out_of_memory(verdict)):
-            return first
+        if deadline is not None and time.monotonic() >= deadline:
+            cut.set()
+            return None
+        if stop.is_set():   # it waited behind a re-check
+            return None
+        return record(item.payload)
+
+    def recheck(item: Item[int], first: dict) -> dict | None:
+        """The line of a candidate checked again alone, which ran out of memory beside another."""
         log.info("shard %d: %s ran out of memory with other candidates beside it (%s); checking it again alone",
                  shard, first["stem"], first["filter"])
-        with gate.alone():
-            if stop.is_set():
-                return None
-            _, again = record(item.payload)
+        if stop.is_set():
+            return None
+        again = record(item.payload)
         return {**again, "wall_s": round(first["wall_s"] + again["wall_s"], 3), "rechecked_alone": True,
                 "first_reason": f"{first['filter']}: {first['reason']}"}
 
     def describe(item: Item[int], rec: dict) -> str:
         return f"{rec['stem']}: " + ("accepted" if rec["accepted"] else f"{rec['filter']}: {rec['reason'][:160]}")
 
-    run = run_items([Item(i, i) for i in range(shard, len(source), shards)], in_threads(check, cfg.workers), store,
-                    describe=describe, label=f"shard {shard}", stop=stop, progress_every_s=30.0)
+    def out_of_memory(line: dict) -> bool:
+        return not line["accepted"] and names_out_of_memory(line["reason"])
+
+    run = run_items([Item(i, i) for i in range(shard, len(source), shards)],
+                    in_threads(again_alone(check, recheck, out_of_memory), cfg.workers), store, describe=describe,
+                    label=f"shard {shard}", stop=stop, progress_every_s=30.0)
     return {"shard": shard, "file": str(store.path), "checked": run.evaluated, "skipped": run.skipped,
             "accepted": store.accepted, "preempted": run.stopped, "cut_by_deadline": cut.is_set()}
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hpc.candidate import load_candidate
+from hpc.errors import names_out_of_memory
 from hpc.pipeline import evaluate
 from hpc.sandbox import cuda_ipc
 from hpc.sandbox.messages import Attach, ReferenceSetup
@@ -120,3 +121,14 @@ def test_a_mapping_is_refused_outside_the_allocation_its_handle_names(reference_
             maps.view(b"short", 0, 16, torch.device("cuda"))
     finally:
         maps.close()
+
+
+def test_a_device_buffer_beyond_the_device_fails_as_out_of_memory():
+    """The driver's own words reach the reason, so that a suite's evaluation that ran out of device
+    memory beside others is run again alone (hpc.engine.again_alone); a bare CUresult 2 was not."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    device = torch.device("cuda")
+    with pytest.raises(cuda_ipc.IpcError) as failed:
+        cuda_ipc.DeviceBuffer(torch.cuda.get_device_properties(device).total_memory * 2, device)
+    assert "out of memory" in str(failed.value) and names_out_of_memory(str(failed.value)), failed.value
