@@ -93,7 +93,7 @@ def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
     speedup vs eager, calls a frame, compile ms / candidate ms, round_noise, chunk_start of the
     candidate, eager and torch.compile, the window's flush read rate in GB/s, the vs-compile speedup
-    read shift by shift)}. Where the record
+    read shift by shift, and read round by round then shift by shift)}. Where the record
     keeps the baselines' frames (schema version 7), the speedups and the reward are read from the
     frames by this checkout's hpc.profile.window.paired_ratio and hpc.reward, so runs recorded
     before a change of the estimator are read as it reads them now; else as the record has them.
@@ -110,13 +110,16 @@ def figures(path: Path) -> dict[str, tuple]:
         candidate_by_shift = shift_by_shift(r.candidate_times_ms or [], shifts)
         by_shift = (shift_by_shift(r.compile_times_ms or [], shifts) / candidate_by_shift if candidate_by_shift
                     else math.nan)
+        ratios = frame_ratios(r.compile_times_ms or [], r.candidate_times_ms or [], rounds)
+        paired_by_shift = (shift_by_shift(ratios, shifts) if ratios and len(ratios) == len(r.candidate_times_ms)
+                           else math.nan)
         out[r.task_id] = (r.reward, r.speedup_compile, r.status, r.candidate_ms, r.eager_ms, r.compile_ms,
                           r.overhead_ms, r.speedup_eager, json.loads(r.seeds or "{}").get("burst", ""),
                           r.compile_ms / r.candidate_ms, round_noise(r),
                           tuple(chunk_start(t or [], rounds) for t in (r.candidate_times_ms, r.eager_times_ms,
                                                                        r.compile_times_ms)),
                           json.loads(r.conditions or "{}").get("candidate", {}).get("flush_gb_s", math.nan),
-                          by_shift)
+                          by_shift, paired_by_shift)
     return out
 
 
@@ -154,28 +157,31 @@ def round_noise(rec) -> float:
 
 
 def estimators(runs: list[dict[str, tuple]], tasks: list[str]) -> list[str]:
-    """The vs-compile speedup's spread over the runs read three ways from the same windows: round by
+    """The vs-compile speedup's spread over the runs read four ways from the same windows: round by
     round (the record's, hpc.profile.window.paired_ratio), as the ratio of the whole window's
-    medians (the reward's before schema version 7) and shift by shift (shift_by_shift); and one
-    window's standard error (round_noise)."""
+    medians (the reward's before schema version 7), shift by shift (each program's shift_by_shift)
+    and paired then shift by shift (each candidate frame against torch.compile's median in its
+    round, hpc.profile.window.frame_ratios, those ratios then read shift by shift); and one window's
+    standard error (round_noise)."""
     lines = ["| task | round by round: per run (spread from median) | ratio of medians: per run (spread) "
-             "| shift by shift: per run (spread) | one window's standard error (mean over runs) |",
-             "|---|---|---|---|---|"]
-    within = [0, 0, 0]
+             "| shift by shift: per run (spread) | paired, shift by shift: per run (spread) "
+             "| one window's standard error (mean over runs) |",
+             "|---|---|---|---|---|---|"]
+    within = [0, 0, 0, 0]
     for task in tasks:
         rows = [run[task] for run in runs if task in run and run[task][2] == "ok"]
         if len(rows) < len(runs):
             continue
         cells = []
-        for k, i in enumerate((1, 9, 13)):
+        for k, i in enumerate((1, 9, 13, 14)):
             xs = [r[i] for r in rows]
             spread = max(abs(x / statistics.median(xs) - 1) for x in xs)
             within[k] += spread <= 0.03
             cells.append(" / ".join(f"{x:.3f}" for x in xs) + f" ({100 * spread:.1f}%)")
-        lines.append(f"| {task} | {cells[0]} | {cells[1]} | {cells[2]} | "
-                     f"{100 * statistics.fmean(r[10] for r in rows):.1f}% |")
+        lines.append(f"| {task} | {' | '.join(cells)} | {100 * statistics.fmean(r[10] for r in rows):.1f}% |")
     lines.append(f"within 3% of the median: round by round {within[0]}/{len(tasks)}, "
-                 f"ratio of medians {within[1]}/{len(tasks)}, shift by shift {within[2]}/{len(tasks)}")
+                 f"ratio of medians {within[1]}/{len(tasks)}, shift by shift {within[2]}/{len(tasks)}, "
+                 f"paired then shift by shift {within[3]}/{len(tasks)}")
     return lines
 
 
@@ -264,6 +270,7 @@ def main() -> int:
         picks = differing_picks(args.tables)
     else:
         with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
+            os.chmod(tmp, 0o755)   # the workers' uid reaches the runs' caches, as it would a user's
             for k in range(args.first, args.first + args.runs):
                 one_run(args, Path(tmp), args.keep or Path(tmp), k)
             runs = [figures(path) for path in sorted((args.keep or Path(tmp)).glob("run-*.h5"))]
@@ -274,7 +281,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), float("nan")))
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), *[float("nan")] * 3))
                 for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]

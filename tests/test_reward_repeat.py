@@ -60,3 +60,21 @@ def test_a_figure_read_shift_by_shift_weighs_every_shift_alike():
     assert shift_by_shift(fast_heavy, 2) == shift_by_shift(slow_heavy, 2) == 1.5
     assert shift_by_shift([3.0, 1.0, 2.0], 1) == 2.0   # one shift: the median
     assert shift_by_shift([], 32) != shift_by_shift([], 32)   # NaN without frames
+
+
+def test_the_estimators_table_counts_each_reading_within_3_percent_on_its_own():
+    """Three runs of one row whose readings spread 1%, 5%, 2% and 4% from their medians: each
+    reading's column and count say so on their own."""
+    from reward_repeat import estimators
+
+    def row(round_by_round: float, of_medians: float, by_shift: float, paired_by_shift: float) -> tuple:
+        return (_row(1.0, 3.0, 2.0, 0.1)[:1] + (round_by_round,) + _row(1.0, 3.0, 2.0, 0.1)[2:9] + (of_medians,)
+                + (0.01, (1.0, 1.0, 1.0), 10.0, by_shift, paired_by_shift))
+
+    runs = [{"a": row(2.0 * f, 2.0 * g, 2.0 * h, 2.0 * k)}
+            for f, g, h, k in ((1.0, 1.0, 1.0, 1.0), (1.01, 1.05, 0.98, 1.04), (0.995, 0.99, 1.005, 0.999))]
+    lines = estimators(runs, ["a"])
+    assert lines[-1] == ("within 3% of the median: round by round 1/1, ratio of medians 0/1, shift by shift 1/1, "
+                         "paired then shift by shift 0/1")
+    assert lines[2].startswith("| a | 2.000 / 2.020 / 1.990 (1.0%) | 2.000 / 2.100 / 1.980 (5.0%) |"), lines[2]
+    assert lines[2].count("|") == 7   # six columns
