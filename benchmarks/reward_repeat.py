@@ -93,7 +93,8 @@ def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
     speedup vs eager, calls a frame, compile ms / candidate ms, round_noise, chunk_start of the
     candidate, eager and torch.compile, the window's flush read rate in GB/s, the vs-compile speedup
-    read shift by shift, and read round by round then shift by shift)}. Where the record
+    read shift by shift, read round by round then shift by shift, and the page faults over the window
+    of the candidate's process and of the baselines')}. Where the record
     keeps the baselines' frames (schema version 7), the speedups and the reward are read from the
     frames by this checkout's hpc.profile.window.paired_ratio and hpc.reward, so runs recorded
     before a change of the estimator are read as it reads them now; else as the record has them.
@@ -119,7 +120,9 @@ def figures(path: Path) -> dict[str, tuple]:
                           tuple(chunk_start(t or [], rounds) for t in (r.candidate_times_ms, r.eager_times_ms,
                                                                        r.compile_times_ms)),
                           json.loads(r.conditions or "{}").get("candidate", {}).get("flush_gb_s", math.nan),
-                          by_shift, paired_by_shift)
+                          by_shift, paired_by_shift,
+                          tuple(json.loads(r.conditions or "{}").get(program, {}).get("window_minor_faults", math.nan)
+                                for program in ("candidate", "eager")))
     return out
 
 
@@ -281,7 +284,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), *[float("nan")] * 3))
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), *[float("nan")] * 3, ()))
                 for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
@@ -292,12 +295,13 @@ def main() -> int:
         within += ok and spread <= 0.03
         print(f"| {task} | {' / '.join(f'{x:g}' for x in rewards)} | {' / '.join(f'{x:.3f}' for x in ratios)} "
               f"| {100 * spread:.1f}% |")
-    print("\n| task | candidate ms per run (spread) | eager ms | compile ms | handshake ms | flush GB/s |"
-          "\n|---|---|---|---|---|---|")
+    print("\n| task | candidate ms per run (spread) | eager ms | compile ms | handshake ms | flush GB/s "
+          "| page faults over the window: candidate / baselines |\n|---|---|---|---|---|---|---|")
     for task in tasks:   # which figure moves: the candidate's, a baseline's, the handshake taken off, the memory
         rows = [run[task] for run in runs if task in run]
         print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) + f" ({spread_pct([r[i] for r in rows])})"
-                                         for i in (3, 4, 5, 6)) + " | " + " / ".join(f"{r[12]:.1f}" for r in rows) + " |")
+                                         for i in (3, 4, 5, 6)) + " | " + " / ".join(f"{r[12]:.1f}" for r in rows)
+              + " | " + " ; ".join(" / ".join(f"{x:g}" for x in r[15]) or "-" for r in rows) + " |")
     beside = {}
     if args.beside:   # one more run, under other settings (--jobs 1), against the medians
         (beside,) = [figures(path) for path in sorted(args.beside.glob("run-*.h5"))[:1]] or [{}]

@@ -49,6 +49,23 @@ def conditions(backend: str, beside: int) -> dict[str, object]:
             "beside": beside, **(gpu_state() if backend == "cuda" else {})}
 
 
+def minor_faults(root: int) -> int:
+    """Minor page faults so far of `root` and every process below it, all their threads (field 10
+    of /proc/PID/stat); a process that ends between the walk and the read counts 0. Read before and
+    after a window, it says whether a program paid its buffers' pages in again on every call (a
+    freed buffer handed back to the system, faulted in anew), a factor of that process alone."""
+    from hpc.sandbox.freeze import tree
+
+    total = 0
+    for pid in tree(root):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                total += int(f.read().rsplit(")", 1)[1].split()[7])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 _NVML_CLOCK_SM, _NVML_CLOCK_MEM, _NVML_TEMPERATURE_GPU = 1, 2, 0
 
 

@@ -29,7 +29,7 @@ from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.compile.op_monitor import op_monitor_library
 from hpc.config import EvalConfig, config_to_dict
-from hpc.hardware import conditions, device_name, versions
+from hpc.hardware import conditions, device_name, minor_faults, versions
 from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, input_shifts, keeps_awake
@@ -280,12 +280,17 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                 pinned = timing(*window_pids(pair, baselines.result()), backend=cfg.backend,
                                 trees=[pair.program.worker_pid],   # the candidate with all it started
                                 awake=keeps_awake(cfg))
+                processes = {"candidate": pair.program.worker_pid, "baselines": baselines.result().program.worker_pid}
                 with lock.exclusive(), pinned as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
+                    faults = {k: minor_faults(pid) for k, pid in processes.items()}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
+                    faults = {k: minor_faults(pid) - faults[k] for k, pid in processes.items()}
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
-                rec.conditions = json.dumps({"candidate": {**measured, **driver.placement()},
-                                             **{name: {**measured, **baseline_driver.placement()} for name in programs}})
+                rec.conditions = json.dumps({
+                    "candidate": {**measured, **driver.placement(), "window_minor_faults": faults["candidate"]},
+                    **{name: {**measured, **baseline_driver.placement(), "window_minor_faults": faults["baselines"]}
+                       for name in programs}})
         except EntrantError as e:
             if e.name == "candidate":
                 raise e.error from None
