@@ -107,7 +107,8 @@ def figures(path: Path) -> dict[str, tuple]:
             r.speedup_eager = paired_ratio(r.eager_times_ms, r.candidate_times_ms, rounds)
             r.speedup_compile = paired_ratio(r.compile_times_ms, r.candidate_times_ms, rounds)
             r.reward = compute_reward(True, r.speedup_eager, r.speedup_compile, RewardConfig(**config.get("reward", {})))
-        shifts = json.loads(r.conditions or "{}").get("candidate", {}).get("input_shifts", 1)
+        conditions = json.loads(r.conditions or "{}")
+        shifts = conditions.get("candidate", {}).get("input_shifts", 1)
         candidate_by_shift = shift_by_shift(r.candidate_times_ms or [], shifts)
         by_shift = (shift_by_shift(r.compile_times_ms or [], shifts) / candidate_by_shift if candidate_by_shift
                     else math.nan)
@@ -119,9 +120,9 @@ def figures(path: Path) -> dict[str, tuple]:
                           r.compile_ms / r.candidate_ms, round_noise(r),
                           tuple(chunk_start(t or [], rounds) for t in (r.candidate_times_ms, r.eager_times_ms,
                                                                        r.compile_times_ms)),
-                          json.loads(r.conditions or "{}").get("candidate", {}).get("flush_gb_s", math.nan),
+                          conditions.get("candidate", {}).get("flush_gb_s", math.nan),
                           by_shift, paired_by_shift,
-                          tuple(json.loads(r.conditions or "{}").get(program, {}).get("window_minor_faults", math.nan)
+                          tuple(conditions.get(program, {}).get("window_minor_faults", math.nan)
                                 for program in ("candidate", "eager")))
     return out
 
