@@ -79,9 +79,14 @@ def autotune_picks(inductor: Path) -> dict[str, dict]:
     return picks
 
 
+def numbered(folder: Path, pattern: str = "run-*.h5") -> list[Path]:
+    """The files of `folder` matching `pattern`, in the order of their run's number (run-2 before run-10)."""
+    return sorted(folder.glob(pattern), key=lambda path: int(path.stem.rpartition("-")[2]))
+
+
 def differing_picks(keeps: list[Path]) -> list[str]:
     """The kernels (of those every run generated) whose picks differ between the runs kept in `keeps`."""
-    runs = [json.loads(path.read_text()) for keep in keeps for path in sorted(keep.glob("picks-*.json"))]
+    runs = [json.loads(path.read_text()) for keep in keeps for path in numbered(keep, "picks-*.json")]
     if len(runs) < 2:
         return []
     common = set(runs[0]).intersection(*runs[1:])
@@ -93,8 +98,9 @@ def figures(path: Path) -> dict[str, tuple]:
     """{task: (reward, speedup vs compile, status, candidate ms, eager ms, compile ms, handshake ms,
     speedup vs eager, calls a frame, compile ms / candidate ms, round_noise, chunk_start of the
     candidate, eager and torch.compile, the window's flush read rate in GB/s, the vs-compile speedup
-    read shift by shift, read round by round then shift by shift, and the page faults over the window
-    of the candidate's process and of the baselines')}. Where the record
+    read shift by shift, read round by round then shift by shift, the page faults over the window
+    of the candidate's process and of the baselines', the share of each one's heap on huge pages, and
+    each program's rounds far from its window's median (far_rounds))}. Where the record
     keeps the baselines' frames (schema version 7), the speedups and the reward are read from the
     frames by this checkout's hpc.profile.window.paired_ratio and hpc.reward, so runs recorded
     before a change of the estimator are read as it reads them now; else as the record has them.
@@ -123,7 +129,11 @@ def figures(path: Path) -> dict[str, tuple]:
                           conditions.get("candidate", {}).get("flush_gb_s", math.nan),
                           by_shift, paired_by_shift,
                           tuple(conditions.get(program, {}).get("window_minor_faults", math.nan)
-                                for program in ("candidate", "eager")))
+                                for program in ("candidate", "eager")),
+                          tuple(conditions.get(program, {}).get("heap_on_huge_pages") for program in ("candidate", "eager")),
+                          {name: far_rounds(t or [], rounds) for name, t in (("candidate", r.candidate_times_ms),
+                                                                           ("eager", r.eager_times_ms),
+                                                                           ("torch.compile", r.compile_times_ms))})
     return out
 
 
@@ -134,6 +144,21 @@ def shift_by_shift(times_ms: list[float], shifts: int) -> float:
     of fast and slow frames; this reading weighs every shift alike. NaN without frames."""
     classes = [times_ms[c::shifts] for c in range(min(shifts, len(times_ms)))]
     return statistics.fmean(statistics.median(c) for c in classes) if classes else math.nan
+
+
+def far_rounds(times_ms: list[float], rounds: int, far: float = 0.25) -> list[tuple[int, float]]:
+    """(round, its median against the window's) for each round of a program whose median lies more
+    than `far` from its whole window's: a process that ran slow for a while, seconds at a time, while
+    the other programs' rounds between its own did not (on this project's 2-core VM, the baselines'
+    process of swish_scale_add ran twice as slow from one round to the window's end in 3 runs of 36)."""
+    if not times_ms:
+        return []
+    whole = statistics.median(times_ms)
+    out = []
+    for k, (a, b) in enumerate(round_spans(len(times_ms), rounds)):
+        if b > a and abs(statistics.median(times_ms[a:b]) / whole - 1) > far:
+            out.append((k, statistics.median(times_ms[a:b]) / whole))
+    return out
 
 
 def chunk_start(times_ms: list[float], rounds: int) -> float:
@@ -270,14 +295,14 @@ def main() -> int:
     p.add_argument("--solutions", type=Path, default=ROOT / "kernels" / "solutions")
     args = p.parse_args()
     if args.tables:
-        runs = [figures(path) for folder in args.tables for path in sorted(folder.glob("run-*.h5"))]
+        runs = [figures(path) for folder in args.tables for path in numbered(folder)]
         picks = differing_picks(args.tables)
     else:
         with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
             os.chmod(tmp, 0o755)   # the workers' uid reaches the runs' caches, as it would a user's
             for k in range(args.first, args.first + args.runs):
                 one_run(args, Path(tmp), args.keep or Path(tmp), k)
-            runs = [figures(path) for path in sorted((args.keep or Path(tmp)).glob("run-*.h5"))]
+            runs = [figures(path) for path in numbered(args.keep or Path(tmp))]
             picks = differing_picks([args.keep or Path(tmp)])
     if not runs:
         raise SystemExit(f"no run-K.h5 files in {', '.join(map(str, args.tables))}")
@@ -297,15 +322,17 @@ def main() -> int:
         print(f"| {task} | {' / '.join(f'{x:g}' for x in rewards)} | {' / '.join(f'{x:.3f}' for x in ratios)} "
               f"| {100 * spread:.1f}% |")
     print("\n| task | candidate ms per run (spread) | eager ms | compile ms | handshake ms | flush GB/s "
-          "| page faults over the window: candidate / baselines |\n|---|---|---|---|---|---|---|")
+          "| page faults over the window: candidate / baselines | heap on 2 MiB pages: candidate / baselines |"
+          "\n|---|---|---|---|---|---|---|---|")
     for task in tasks:   # which figure moves: the candidate's, a baseline's, the handshake taken off, the memory
         rows = [run[task] for run in runs if task in run]
         print(f"| {task} | " + " | ".join(" / ".join(f"{r[i]:.4f}" for r in rows) + f" ({spread_pct([r[i] for r in rows])})"
                                          for i in (3, 4, 5, 6)) + " | " + " / ".join(f"{r[12]:.1f}" for r in rows)
-              + " | " + " ; ".join(" / ".join(f"{x:g}" for x in r[15]) or "-" for r in rows) + " |")
+              + " | " + " ; ".join(" / ".join(f"{x:g}" for x in r[15]) or "-" for r in rows)
+              + " | " + " ; ".join(" / ".join("-" if x is None else f"{x:.2f}" for x in r[16]) for r in rows) + " |")
     beside = {}
     if args.beside:   # one more run, under other settings (--jobs 1), against the medians
-        (beside,) = [figures(path) for path in sorted(args.beside.glob("run-*.h5"))[:1]] or [{}]
+        (beside,) = [figures(path) for path in numbered(args.beside)[:1]] or [{}]
     print("\n| task | calls a frame | rewards | candidate ms (spread) | eager ms (spread) | torch.compile ms (spread) "
           "| vs compile (spread) |" + (" beside: vs compile, reward |" if args.beside else "")
           + "\n|---|---|---|---|---|---|---|" + ("---|" if args.beside else ""))
@@ -337,6 +364,11 @@ def main() -> int:
     if all(starts):
         print("a chunk's first frame against its round's median, mean over rows and runs: " + ", ".join(
             f"{name} {statistics.fmean(xs):.2f}" for name, xs in zip(("candidate", "eager", "torch.compile"), starts)))
+    far = [f"  {task}, run {k}: " + "; ".join(f"{name} rounds " + ", ".join(f"{i} ({x:.2f}x)" for i, x in found)
+                                              for name, found in run[task][17].items() if found)
+           for k, run in enumerate(runs) for task in tasks if task in run and any(run[task][17].values())]
+    print(f"rounds whose median lies more than 25% from its program's window median: {len(far)} windows" +
+          "".join("\n" + line for line in far))
     print()
     for line in estimators(runs, tasks):
         print(line)

@@ -66,6 +66,33 @@ def minor_faults(root: int) -> int:
     return total
 
 
+def heap_on_huge_pages(pid: int) -> float | None:
+    """The share of process `pid`'s heap (its [heap] mapping: glibc's main arena, where a program's
+    tensors under the mmap threshold live, hpc.sandbox.process.STEADY_MALLOC) that lies on 2 MiB
+    pages, read from /proc/PID/smaps; None where the process is gone or has no heap in memory. On
+    a virtual machine a stream over 4 KiB pages pays a two-level page walk every 4 KiB: a program
+    whose buffers missed the huge pages runs slower in that process alone, which no other figure
+    of the window shows."""
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            text = f.read()
+    except OSError:
+        return None
+    rss = huge = 0
+    start = text.find("[heap]\n")
+    while start >= 0:   # madvise may have split the heap into several mappings, each named [heap]
+        for line in text[start + 7:].splitlines():
+            name, _, rest = line.partition(":")
+            if not rest.strip().endswith("kB"):
+                break   # the flags that end this mapping
+            if name == "Rss":
+                rss += int(rest.split()[0])
+            elif name == "AnonHugePages":
+                huge += int(rest.split()[0])
+        start = text.find("[heap]\n", start + 7)
+    return round(huge / rss, 3) if rss else None
+
+
 _NVML_CLOCK_SM, _NVML_CLOCK_MEM, _NVML_TEMPERATURE_GPU = 1, 2, 0
 
 

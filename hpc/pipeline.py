@@ -29,7 +29,7 @@ from hpc.candidate import SINGLE_FILE, Candidate
 from hpc.compile.native import compile_workdir, default_toolchain
 from hpc.compile.op_monitor import op_monitor_library
 from hpc.config import EvalConfig, config_to_dict
-from hpc.hardware import conditions, device_name, minor_faults, versions
+from hpc.hardware import conditions, device_name, heap_on_huge_pages, minor_faults, versions
 from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, input_shifts, keeps_awake
@@ -287,10 +287,11 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
                     faults = {k: minor_faults(pid) - faults[k] for k, pid in processes.items()}
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
+                own = {k: {"window_minor_faults": faults[k], "heap_on_huge_pages": heap_on_huge_pages(pid)}
+                       for k, pid in processes.items()}
                 rec.conditions = json.dumps({
-                    "candidate": {**measured, **driver.placement(), "window_minor_faults": faults["candidate"]},
-                    **{name: {**measured, **baseline_driver.placement(), "window_minor_faults": faults["baselines"]}
-                       for name in programs}})
+                    "candidate": {**measured, **driver.placement(), **own["candidate"]},
+                    **{name: {**measured, **baseline_driver.placement(), **own["baselines"]} for name in programs}})
         except EntrantError as e:
             if e.name == "candidate":
                 raise e.error from None

@@ -1,4 +1,5 @@
-"""hpc.hardware's reading of a process tree's page faults (the record's conditions.window_minor_faults)."""
+"""hpc.hardware's readings of a program's process for the record's conditions: its tree's page faults
+(window_minor_faults) and its heap's share on huge pages (heap_on_huge_pages)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import os
 import subprocess
 import sys
 
-from hpc.hardware import minor_faults
+import pytest
+
+from hpc.hardware import heap_on_huge_pages, minor_faults
 
 _TOUCHER = """import mmap, sys
 m = mmap.mmap(-1, 64 << 20)
@@ -37,3 +40,43 @@ def test_a_child_that_touches_fresh_pages_counts_them_in_its_parents_tree():
         child.stdin.close()
         child.wait(10)
     assert minor_faults(child.pid) == 0
+
+
+_HEAP = """import ctypes, sys
+if sys.argv[1] == "off":
+    ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)   # PR_SET_THP_DISABLE: this process gets 4 KiB pages only
+buffer = bytearray(64 << 20)   # under the mmap threshold set below: on the heap
+for i in range(0, len(buffer), 4096):
+    buffer[i] = 1
+print('touched', flush=True)
+sys.stdin.read()
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "never"
+    return text.split("[", 1)[1].split("]", 1)[0]
+
+
+@pytest.mark.parametrize("thp", ["off", "on"])
+def test_a_heap_on_huge_pages_reads_as_such_and_one_refused_them_reads_none(thp):
+    """A child's 64 MiB heap reads as mostly on 2 MiB pages where glibc advises them and the host
+    grants them, and as none where the process refused them (PR_SET_THP_DISABLE); a process gone
+    reads None."""
+    if thp == "on" and _thp_mode() == "never":
+        pytest.skip("the host grants no transparent huge pages")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(256 << 20), "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    child = subprocess.Popen([sys.executable, "-c", _HEAP, thp], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "touched"
+        share = heap_on_huge_pages(child.pid)
+        assert share is not None
+        assert share == 0.0 if thp == "off" else share > 0.5
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    assert heap_on_huge_pages(child.pid) is None

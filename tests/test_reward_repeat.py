@@ -1,5 +1,6 @@
 """benchmarks/reward_repeat.py's reading of kept runs: the co-movement lines that say whether an
-evaluation's figures rise and fall together."""
+evaluation's figures rise and fall together, the estimators' table, and the rounds of a program
+that ran far from its window."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reward_repeat import bandwidth_movement, co_movement  # noqa: E402
+from reward_repeat import bandwidth_movement, co_movement, far_rounds  # noqa: E402
 
 
 def _row(candidate: float, eager: float, compile_ms: float, handshake: float, flush_gb_s: float = 10.0) -> tuple:
@@ -78,3 +79,16 @@ def test_the_estimators_table_counts_each_reading_within_3_percent_on_its_own():
                          "paired then shift by shift 0/1")
     assert lines[2].startswith("| a | 2.000 / 2.020 / 1.990 (1.0%) | 2.000 / 2.100 / 1.980 (5.0%) |"), lines[2]
     assert lines[2].count("|") == 7   # six columns
+
+
+def test_rounds_a_process_ran_twice_as_slow_are_named_and_a_steady_window_names_none():
+    """A program's 100 frames in 10 rounds: three rounds of its window (7-9) run at twice the time,
+    as swish_scale_add's baselines did from one round on; those three are named, with their ratio
+    to the window's median, and a window with a few percent of noise names none."""
+    steady = [1.0 + 0.02 * ((k * 7) % 5 - 2) for k in range(100)]
+    slowed = [x * 2 if k >= 70 else x for k, x in enumerate(steady)]
+    assert far_rounds(steady, 10) == []
+    found = far_rounds(slowed, 10)
+    assert [k for k, _ in found] == [7, 8, 9]
+    assert all(1.9 < ratio < 2.1 for _, ratio in found)
+    assert far_rounds([], 10) == []

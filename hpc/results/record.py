@@ -124,7 +124,9 @@ class EvalRecord:
                                      "the share of the program's input slot on 2 MiB pages (protocol `outside-6`); "
                                      "`window_minor_faults`, the minor page faults of the program's process "
                                      "(and all it started) over the window, warm-up included, the baselines' "
-                                     "shared by eager, torch.compile and the empty program (from 2026-12-06)", json=True, added_in=4)
+                                     "shared by eager, torch.compile and the empty program (from 2026-12-06); "
+                                     "`heap_on_huge_pages`, the share of that process's heap on 2 MiB pages at the "
+                                     "window's end (null where it has none; from 2026-12-06)", json=True, added_in=4)
     speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: each of the "
                                                  "candidate's frames against eager's median in the same round of the "
                                                  "window, and the median of those over the candidate's frames (from "
