@@ -154,11 +154,9 @@ def far_rounds(times_ms: list[float], rounds: int, far: float = 0.25) -> list[tu
     if not times_ms:
         return []
     whole = statistics.median(times_ms)
-    out = []
-    for k, (a, b) in enumerate(round_spans(len(times_ms), rounds)):
-        if b > a and abs(statistics.median(times_ms[a:b]) / whole - 1) > far:
-            out.append((k, statistics.median(times_ms[a:b]) / whole))
-    return out
+    ratios = [(k, statistics.median(times_ms[a:b]) / whole)
+              for k, (a, b) in enumerate(round_spans(len(times_ms), rounds)) if b > a]
+    return [(k, x) for k, x in ratios if abs(x - 1) > far]
 
 
 def chunk_start(times_ms: list[float], rounds: int) -> float:
@@ -310,7 +308,7 @@ def main() -> int:
     same = within = 0
     print("| task | rewards | vs compile per run | spread from median |\n|---|---|---|---|")
     for task in tasks:
-        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), *[float("nan")] * 3, ()))
+        rows = [run.get(task, (float("nan"), float("nan"), "missing", *[float("nan")] * 8, (), *[float("nan")] * 3))
                 for run in runs]
         rewards = [r[0] for r in rows]
         ratios = [r[1] for r in rows]
