@@ -264,6 +264,54 @@ def bandwidth_movement(runs: list[dict[str, tuple]]) -> list[str]:
             f"flush rate's standard deviation from its row's median {statistics.pstdev(flush):.1f}%"]
 
 
+def by_process(paths: list[Path]) -> list[str]:
+    """Where each program was timed in several processes (timing.processes_cpu; the record's
+    conditions keep every process's median): the vs-compile ratio and the reward read from one
+    process alone (process k's candidate against process k's baselines, all in the same window, as
+    an evaluation timed in one process each would read them, ratio of medians), and from each
+    program's fastest process (the record's rule, here also as a ratio of medians), run by run,
+    with each reading's spread from its median over the runs. Side by side in the same windows:
+    what timing each program in several processes changes."""
+    runs = []
+    for path in paths:
+        rows = {}
+        for r in read_records(path):
+            conditions = json.loads(r.conditions or "{}")
+            medians = {program: c.get("process_medians_ms") for program, c in conditions.items()}
+            compiled = [m for program, m in medians.items() if program.startswith("compile")]
+            if r.status != "ok" or not medians.get("candidate") or not compiled or not medians.get("eager"):
+                continue
+            reward = RewardConfig(**json.loads(r.config or "{}").get("reward", {}))
+            cand, eager, comp = medians["candidate"], medians["eager"], compiled[0]
+            readings = [(e / c, k / c) for c, e, k in zip(cand, eager, comp)] + [(min(eager) / min(cand),
+                                                                                  min(comp) / min(cand))]
+            rows[r.task_id] = [(compute_reward(True, e, k, reward), k) for e, k in readings]
+        runs.append(rows)
+    tasks = sorted(set().union(*runs)) if runs else []
+    widths = {len(row) for run in runs for row in run.values()}
+    if not tasks or len(widths) != 1 or widths == {2}:   # none timed in several processes
+        return []
+    names = [f"process {k} alone" for k in range(widths.pop() - 1)] + ["fastest process"]
+    lines = ["| task | " + " | ".join(f"{name}: vs compile per run (spread), rewards" for name in names) + " |",
+             "|---|" + "---|" * len(names)]
+    same, within = [0] * len(names), [0] * len(names)
+    complete = [task for task in tasks if all(task in run for run in runs)]
+    for task in complete:
+        cells = []
+        for j in range(len(names)):
+            rewards = [run[task][j][0] for run in runs]
+            ratios = [run[task][j][1] for run in runs]
+            spread = max(abs(x / statistics.median(ratios) - 1) for x in ratios)
+            same[j] += len(set(rewards)) == 1
+            within[j] += spread <= 0.03
+            cells.append(" / ".join(f"{x:.3f}" for x in ratios) + f" ({100 * spread:.1f}%), "
+                         + "/".join(f"{x:g}" for x in rewards))
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    lines.append(f"ratios of medians over {len(complete)} rows in all {len(runs)} runs: " + "; ".join(
+        f"{name}: same reward {a}, within 3% {b}" for name, a, b in zip(names, same, within)))
+    return lines
+
+
 def spread_pct(xs: list[float]) -> str:
     """(max - min) / median of one figure over the runs, in percent."""
     median = statistics.median(xs)
@@ -293,7 +341,9 @@ def main() -> int:
     p.add_argument("--solutions", type=Path, default=ROOT / "kernels" / "solutions")
     args = p.parse_args()
     if args.tables:
-        runs = [figures(path) for folder in args.tables for path in numbered(folder)]
+        paths = [path for folder in args.tables for path in numbered(folder)]
+        runs = [figures(path) for path in paths]
+        processes = by_process(paths)
         picks = differing_picks(args.tables)
     else:
         with tempfile.TemporaryDirectory(prefix="reward-repeat-") as tmp:
@@ -301,6 +351,7 @@ def main() -> int:
             for k in range(args.first, args.first + args.runs):
                 one_run(args, Path(tmp), args.keep or Path(tmp), k)
             runs = [figures(path) for path in numbered(args.keep or Path(tmp))]
+            processes = by_process(numbered(args.keep or Path(tmp)))
             picks = differing_picks([args.keep or Path(tmp)])
     if not runs:
         raise SystemExit(f"no run-K.h5 files in {', '.join(map(str, args.tables))}")
@@ -370,6 +421,10 @@ def main() -> int:
     print()
     for line in estimators(runs, tasks):
         print(line)
+    if processes:
+        print()
+        for line in processes:
+            print(line)
     print(f"torch.compile kernels whose autotuned launch config differs between runs: {len(picks)}")
     for line in picks:
         print(f"  {line}")

@@ -22,8 +22,8 @@ from hpc.hardware import conditions, versions
 from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
 from hpc.profile.timing import CALIBRATION_WARMUP, TimingStats, calibration_calls, figures_ms, timing_calls
-from hpc.profile.window import (Entrant, EntrantError, Recording, flush_rate, handshake_ns, record_graphs, run_window,
-                               timed_by)
+from hpc.profile.window import (Entrant, EntrantError, Recording, flush_rate, handshake_ns, process_name, record_graphs,
+                               run_window, timed_by)
 from hpc.sandbox.messages import Cost, FailureKind
 from hpc.sandbox.prestart import WorkerPair, window_pids, worker_pair
 from hpc.sandbox.process import SandboxedProcess, SandboxError
@@ -68,18 +68,25 @@ def load_baselines(driver, task: Task, cfg: EvalConfig, init_seed: int, probe_se
     return burst
 
 
-def baseline_entrants(driver, cfg: EvalConfig, programs: list[str], burst: int) -> list[Entrant]:
-    """The window's entrants from the baselines' pair: each program in `programs` with as many
-    frames of `burst` calls as the candidate (inputs from seeds drawn here), and the empty program."""
+def baseline_entrants(driver, cfg: EvalConfig, programs: list[str], burst: int, process: int = 0,
+                      frames: int = 0) -> list[Entrant]:
+    """The window's entrants from the baselines' pair of `process` (hpc.profile.window.process_name):
+    each program in `programs` with `frames` timed frames of `burst` calls (as many as the
+    candidate's process of that number; 0: timing.iterations), inputs from seeds drawn here, and in
+    the first process the empty program."""
     from hpc.profile.driver import input_shifts
 
     rng = secrets.SystemRandom()
     t = cfg.timing
+    frames = frames or t.iterations
     out = []
     for program in programs:
-        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + t.iterations)], t.warmup, set(), burst,
+        calls = timing_calls([rng.randrange(1 << 62) for _ in range(t.warmup + frames)], t.warmup, set(), burst,
                              input_shifts(cfg))
-        out.append(Entrant(program, driver, program, calls[:t.warmup * burst], calls[t.warmup * burst:]))
+        out.append(Entrant(process_name(program, process), driver, program, calls[:t.warmup * burst],
+                           calls[t.warmup * burst:]))
+    if process:
+        return out
     empty = calibration_calls(t.calibration_calls, burst, input_shifts(cfg))
     cut = CALIBRATION_WARMUP * burst
     out.append(Entrant(EMPTY, driver, EMPTY, empty[:cut], empty[cut:], checkable=False))

@@ -56,6 +56,9 @@ class TimingConfig:
     input_shifts_cpu: int = 32            # cpu: each frame's inputs this many places apart within 4 KiB, in
                                           # turn (4096/n bytes apart): a call's time can hang on where its output
                                           # lies against its input (4K aliasing), which each process's heap draws
+    processes_cpu: int = 1                # cpu: each program (candidate, eager, torch.compile) timed in this many
+                                          # processes of its own in one window, its figure its fastest one's: one
+                                          # process's memory can run one program 2x slow for a whole window
     graphs: bool = True                   # cuda: each program's frame replayed as one CUDA graph (its figure
                                           # is the device's work, no host path) when every program of the window
                                           # can be recorded; else all are timed by calls
@@ -185,6 +188,11 @@ class EvalConfig:
         if shifts not in (1, 2, 4, 8, 16, 32, 64):
             raise ConfigError(f"config timing.input_shifts_cpu: must be a power of two from 1 to 64 (at least 64 "
                               f"bytes apart, torch's alignment), got {shifts}")
+        if not 1 <= self.timing.processes_cpu <= 4:
+            raise ConfigError(f"config timing.processes_cpu: must be 1 to 4, got {self.timing.processes_cpu}")
+        if self.timing.processes_cpu > self.timing.iterations:
+            raise ConfigError("config timing.processes_cpu: must not exceed timing.iterations (each process needs a "
+                              "timed frame)")
         if self.correctness.timed_checks > self.timing.iterations:
             raise ConfigError("config correctness.timed_checks: must not exceed timing.iterations")
 
@@ -287,6 +295,7 @@ def command_line_config(path: str | os.PathLike | None, backend: str | None = No
     if iterations is not None:
         cfg.timing.iterations = iterations
         cfg.correctness.timed_checks = min(cfg.correctness.timed_checks, iterations)
+        cfg.timing.processes_cpu = max(1, min(cfg.timing.processes_cpu, iterations))
     cfg.validate()
     return cfg
 

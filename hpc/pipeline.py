@@ -17,6 +17,7 @@ import math
 import os
 import random
 import secrets
+import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -32,10 +33,11 @@ from hpc.config import EvalConfig, config_to_dict
 from hpc.hardware import conditions, device_name, heap_on_huge_pages, minor_faults, versions
 from hpc.profile.cores import PinError, timing
 from hpc.profile.device_lock import DeviceLock
-from hpc.profile.driver import PairDriver, flush_bytes, graph_replays, input_shifts, keeps_awake
+from hpc.profile.driver import (PairDriver, flush_bytes, graph_replays, input_shifts, keeps_awake, process_frames,
+                                timing_processes)
 from hpc.profile.timing import Call, Failure, TimingStats, timing_calls, window_figures
-from hpc.profile.window import (Entrant, EntrantError, Recording, Window, flush_rate, handshake_ns, paired_ratio,
-                                record_graphs, run_window, timed_by)
+from hpc.profile.window import (Entrant, EntrantError, Recording, Window, fastest_process, flush_rate, handshake_ns,
+                                paired_ratio, process_name, program_of, record_graphs, run_window, timed_by)
 from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
@@ -128,22 +130,43 @@ def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConf
         clock.mark("compile")
         if rec.failed_stage:
             return
-        baselines = None
-        if stop_after == "profile":   # the baselines' pair starts while the candidate loads and is checked
-            starter = ThreadPoolExecutor(1, thread_name_prefix="baselines")
-            baselines = starter.submit(start_baseline_pair, cfg)
-            stack.callback(_end_pair, baselines)
-            stack.callback(starter.shutdown, wait=False)
+        starting = _Starting(cfg, writable, stack) if stop_after == "profile" else None
         if not _run_processes(rec, task, candidate, cfg, pair, model_file, env, seeds, lock, stop_after, clock,
-                              baselines):
+                              starting):
             return
         clock.mark("cost")
     clock.mark("shutdown")
     rec.reward = compute_reward(True, rec.speedup_eager, rec.speedup_compile, cfg.reward)
 
 
+class _Starting:
+    """The pairs a timed evaluation needs besides its first, each started in the background: the
+    baselines' first pair while the candidate loads and is checked; once the candidate has passed,
+    its further processes' pairs and a baselines' pair for each of them
+    (hpc.profile.driver.timing_processes). A candidate that fails its trials, as most do in
+    training, costs no pair it does not use."""
+
+    def __init__(self, cfg: EvalConfig, writable: list[Path], stack: ExitStack):
+        self.cfg, self.writable, self.stack = cfg, writable, stack
+        self.starter = ThreadPoolExecutor(2 * timing_processes(cfg) - 1, thread_name_prefix="pairs")
+        stack.callback(self.starter.shutdown, wait=False)
+        self.candidates: list[Future] = []
+        self.baselines = [self._start(start_baseline_pair, cfg)]
+
+    def further(self) -> None:
+        """Start the further processes' pairs."""
+        for _ in range(timing_processes(self.cfg) - 1):
+            self.candidates.append(self._start(worker_pair, self.cfg.sandbox, self.cfg.backend, self.writable))
+            self.baselines.append(self._start(start_baseline_pair, self.cfg))
+
+    def _start(self, start, *args) -> Future:
+        future = self.starter.submit(start, *args)
+        self.stack.callback(_end_pair, future)
+        return future
+
+
 def _end_pair(starting: Future) -> None:
-    """End the baselines' pair once it has started (or failed to)."""
+    """End a pair once it has started (or failed to)."""
     try:
         pair = starting.result()
     except (SandboxError, OSError):
@@ -182,6 +205,19 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
 
 
 @dataclass
+class ProcessSeeds:
+    """The seeds of one of the candidate's processes (each program is timed in
+    hpc.profile.driver.timing_processes of them): its trials', its frames' (warm-up, then timed),
+    and which of its timed frames (indexes among them) are checked. Each process is verified on
+    trials of its own and checked in its own frames: whatever one process saw tells another
+    nothing."""
+
+    trials: list[dict]
+    timing: list[int]         # one per frame: its calls' seeds are made from it (hpc.profile.timing.call_seeds)
+    checked: list[int]
+
+
+@dataclass
 class Seeds:
     """Every seed of one evaluation. The init seed (the weights) is the candidate's to know; every
     other seed makes inputs it sees only when its call starts, so each is drawn on its own from the
@@ -190,40 +226,40 @@ class Seeds:
 
     init: int
     probe: int
-    trials: list[dict]
-    timing: list[int]         # one per frame: its calls' seeds are made from it (hpc.profile.timing.call_seeds)
-    checked: list[int]        # timed frames (indexes among them) whose outputs are checked
+    processes: list[ProcessSeeds]
     burst: int = 1            # calls a timed frame runs (set once the task's reference has run)
 
     @classmethod
     def draw(cls, cfg: EvalConfig) -> Seeds:
         if cfg.seed >= 0:
-            import random
-
             rng = random.Random(cfg.seed)
         else:
             rng = secrets.SystemRandom()
         t = cfg.timing
         draw = lambda: rng.randrange(1 << 62)   # noqa: E731
         init = cfg.seed if cfg.seed >= 0 else rng.randrange(1 << 31)
-        trials = [{"seed": draw(), "distribution": "default"} for _ in range(cfg.correctness.trials)]
-        trials += [{"seed": draw(), "distribution": d} for d in cfg.correctness.distributions]
-        return cls(init, draw(), trials, [draw() for _ in range(t.warmup + t.iterations)],
-                   sorted(rng.sample(range(t.iterations), cfg.correctness.timed_checks)))
+        processes = []
+        for frames in process_frames(cfg):
+            trials = [{"seed": draw(), "distribution": "default"} for _ in range(cfg.correctness.trials)]
+            trials += [{"seed": draw(), "distribution": d} for d in cfg.correctness.distributions]
+            processes.append(ProcessSeeds(trials, [draw() for _ in range(t.warmup + frames)],
+                                          sorted(rng.sample(range(frames), min(cfg.correctness.timed_checks, frames)))))
+        return cls(init, draw(), processes)
 
     def to_json(self) -> str:
         """What the record keeps (written after the evaluation, when no worker is alive)."""
-        return json.dumps({"init": self.init, "trials": [{**t, "index": k} for k, t in enumerate(self.trials)],
-                           "timing": self.timing, "timed_checks": self.checked, "burst": self.burst})
+        return json.dumps({"init": self.init, "burst": self.burst, "processes": [
+            {"trials": [{**t, "index": k} for k, t in enumerate(p.trials)], "timing": p.timing,
+             "timed_checks": p.checked} for p in self.processes]})
 
 
 def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, pair: WorkerPair,
                    model_file: Path, env: dict[str, str], seeds: Seeds, lock: DeviceLock, stop_after: StopAfter,
-                   clock: _StageClock, baselines: Future | None) -> bool:
-    """Load and verify in the pair's two processes, then the window that times the candidate
-    beside the baselines' pair (`baselines`, starting). False when a stage failed or `stop_after`
-    ended the evaluation."""
-    driver = PairDriver(pair, cfg)
+                   clock: _StageClock, starting: _Starting | None) -> bool:
+    """Load and verify the candidate in its pair's two processes, and in its further processes'
+    pairs (`starting`), then the window that times them beside the baselines' pairs. False when a
+    stage failed or `stop_after` ended the evaluation."""
+    drivers = [PairDriver(pair, cfg)]
     rec.isolation = json.dumps(pair.program.isolation)
     stage = "load"
     try:
@@ -231,43 +267,74 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         guard = {"op_monitor": str(monitor), "rules": {"allowed_torch_ops": cfg.rules.allowed_torch_ops,
                                                          "require_custom_kernel": cfg.rules.require_custom_kernel}}
         with lock.shared():
-            seeds.burst = driver.setup(task, seeds.init, seeds.probe)["burst"]
+            seeds.burst = drivers[0].setup(task, seeds.init, seeds.probe)["burst"]
             rec.seeds = seeds.to_json()
-            driver.load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
+            drivers[0].load({"program": "candidate", "model_file": str(model_file), "environment": env, **guard})
         rec.compiled = True
         clock.mark("load")
         stage = "verify"
-        trials = [Call(t["seed"], t["distribution"], checked=True, check_inputs=True, poison=k % 2)
-                  for k, t in enumerate(seeds.trials)]
-        with lock.shared():
-            result = driver.run(trials, batch_limit=1)   # each trial checked before the next runs
-        rec.max_abs_error, rec.max_rel_error = result.checks["max_abs_error"], result.checks["max_rel_error"]
-        rec.trials = result.checks["checked"]
+        verified = _verify(rec, drivers[0], seeds, 0, lock, cfg)
         clock.mark("verify")
-        if result.failure is not None:
-            failure = result.failure
-            if failure.kind == FailureKind.CORRECTNESS and 0 <= failure.call < len(trials):
-                t = seeds.trials[failure.call]
-                failure.reason = f"trial {failure.call} (seed {t['seed']}, {t['distribution']} inputs): {failure.reason}"
-            _fail(rec, stage, failure, cfg)
+        if not verified:
             return False
         rec.correct = True
         if stop_after == "verify":
             return False
+        starting.further()
         stage = "baseline"
         programs = baseline_programs(cfg)
+        try:   # the first baselines' pair, while the further pairs start
+            baseline_drivers = [PairDriver(starting.baselines[0].result(), cfg)]
+            load_baselines(baseline_drivers[0], task, cfg, seeds.init, seeds.probe, lock, programs, seeds.burst)
+        except SandboxError as e:
+            rec.fail("baseline", f"baseline failed: {e.reason}", "error")
+            return False
+        clock.mark("baseline")
+        for k, future in enumerate(starting.candidates, start=1):   # the same candidate, loaded and verified anew
+            stage = "load"
+            try:
+                further = future.result()
+            except (SandboxError, OSError) as e:   # the harness's: its processes never ran the candidate
+                rec.fail("load", f"the candidate's process {k} could not be started: {getattr(e, 'reason', e)}",
+                         "error")
+                return False
+            drivers.append(PairDriver(further, cfg))
+            library = env.get("HPC_KERNEL_LIBRARY")
+            further_env = {**env, **({"HPC_KERNEL_LIBRARY": str(harness_file(Path(library), further.candidate_dir,
+                                                                            "kernels.so"))} if library else {})}
+            monitor = harness_file(op_monitor_library(cfg.cache_path()), further.candidate_dir, "op_monitor.so")
+            further_model = candidate.materialize(further.candidate_dir)
+            with lock.shared():
+                drivers[k].setup(task, seeds.init, seeds.probe, seeds.burst)
+                drivers[k].load({"program": "candidate", "model_file": str(further_model), "environment": further_env,
+                                 **guard, "op_monitor": str(monitor)})
+            clock.mark("load")
+            stage = "verify"
+            verified = _verify(rec, drivers[k], seeds, k, lock, cfg)
+            clock.mark("verify")
+            if not verified:
+                return False
+        stage = "baseline"
         try:
-            baseline_driver = PairDriver(baselines.result(), cfg)
-            load_baselines(baseline_driver, task, cfg, seeds.init, seeds.probe, lock, programs, seeds.burst)
+            for future in starting.baselines[1:]:
+                baseline_drivers.append(PairDriver(future.result(), cfg))
+                load_baselines(baseline_drivers[-1], task, cfg, seeds.init, seeds.probe, lock, programs, seeds.burst)
         except SandboxError as e:
             rec.fail("baseline", f"baseline failed: {e.reason}", "error")
             return False
         clock.mark("baseline")
         stage = "profile"
-        calls = timing_calls(seeds.timing, cfg.timing.warmup, set(seeds.checked), seeds.burst, input_shifts(cfg))
         warmup = cfg.timing.warmup * seeds.burst
-        entrants = [Entrant("candidate", driver, "", calls[:warmup], calls[warmup:], tree=pair.program.worker_pid),
-                    *baseline_entrants(baseline_driver, cfg, programs, seeds.burst)]
+        entrants = []
+        for k, (driver, drawn) in enumerate(zip(drivers, seeds.processes)):
+            calls = timing_calls(drawn.timing, cfg.timing.warmup, set(drawn.checked), seeds.burst, input_shifts(cfg))
+            entrants.append(Entrant(process_name("candidate", k), driver, "", calls[:warmup], calls[warmup:],
+                                    tree=driver.pair.program.worker_pid))
+        for k, (driver, frames) in enumerate(zip(baseline_drivers, process_frames(cfg))):
+            entrants += baseline_entrants(driver, cfg, programs, seeds.burst, k, frames)
+        candidates = [d.pair.program.worker_pid for d in drivers]
+        processes = {**{process_name("candidate", k): d for k, d in enumerate(drivers)},
+                     **{process_name("baselines", k): d for k, d in enumerate(baseline_drivers)}}
         try:
             recording = Recording(False, "timing.graphs is off" if cfg.backend == "cuda" else "")
             if graph_replays(cfg):
@@ -277,48 +344,48 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     log.info("%s: timed by calls: %s", rec.task_id, recording.reason)
             window = Window(failed=recording.failed, failure=recording.failure)
             if recording.failure is None:
-                pinned = timing(*window_pids(pair, baselines.result()), backend=cfg.backend,
-                                trees=[pair.program.worker_pid],   # the candidate with all it started
+                pinned = timing(*window_pids(*(d.pair for d in processes.values())), backend=cfg.backend,
+                                trees=candidates,   # the candidate with all it started
                                 awake=keeps_awake(cfg))
-                processes = {"candidate": pair.program.worker_pid, "baselines": baselines.result().program.worker_pid}
                 with lock.exclusive(), pinned as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
-                    faults = {k: minor_faults(pid) for k, pid in processes.items()}
+                    faults = {k: minor_faults(d.pair.program.worker_pid) for k, d in processes.items()}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
-                    faults = {k: minor_faults(pid) - faults[k] for k, pid in processes.items()}
+                    faults = {k: minor_faults(d.pair.program.worker_pid) - faults[k] for k, d in processes.items()}
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
-                own = {k: {"window_minor_faults": faults[k], "heap_on_huge_pages": heap_on_huge_pages(pid)}
-                       for k, pid in processes.items()}
-                rec.conditions = json.dumps({
-                    "candidate": {**measured, **driver.placement(), **own["candidate"]},
-                    **{name: {**measured, **baseline_driver.placement(), **own["baselines"]} for name in programs}})
+                own = {k: {**d.placement(), "window_minor_faults": faults[k],
+                           "heap_on_huge_pages": heap_on_huge_pages(d.pair.program.worker_pid)}
+                       for k, d in processes.items()}
         except EntrantError as e:
-            if e.name == "candidate":
+            if program_of(e.name) == "candidate":
                 raise e.error from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
         except PinError as e:   # the baselines are the harness's; a candidate may start threads faster than the walks
-            if pair.program.worker_pid in e.pids:
+            if set(candidates) & set(e.pids):
                 raise SandboxError(f"not timed: {e}", FailureKind.RUNTIME) from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
         clock.mark("profile")
         if window.failure is not None:
             failure = window.failure
-            if window.failed != "candidate":
+            if program_of(window.failed) != "candidate":
                 rec.fail("baseline", f"baseline failed: {window.failed}: {failure.reason}", "error")
                 return False
             if failure.kind == FailureKind.CORRECTNESS:
                 rec.correct = False
                 timed = failure.call - warmup
-                failure.reason = f"output of timed call {timed} is wrong (stale, cached or unfinished?): {failure.reason}"
+                of = f" of its process {window.failed.partition('@')[2]}" if "@" in window.failed else ""
+                failure.reason = (f"output of timed call {timed}{of} is wrong (stale, cached or unfinished?): "
+                                  f"{failure.reason}")
             _fail(rec, stage, failure, cfg)
             return False
     except SandboxError as e:
         clock.mark(stage)
         _fail_from_sandbox(rec, stage, e, candidate)
         return False
-    rec.timed_checks = window.checks["candidate"]["checked"]
+    rec.timed_checks = sum(checks["checked"] for name, checks in window.checks.items()
+                           if program_of(name) == "candidate")
     cost = task_cost(task, cfg, pair.reference, seeds.probe, lock)
     rec.flops, rec.min_bytes = cost["flops"], cost["bytes"]
     bandwidth, tflops = cfg.floor.ceilings(cfg.backend)
@@ -327,12 +394,16 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                                  rec.flops / (tflops * 1e12) if tflops else 0.0)
     overhead_ns, resolution_ns = handshake_ns(window.times_ns[EMPTY])
     floor_ms = 0.0 if math.isnan(rec.floor_ms) else rec.floor_ms
-    figures, used_ns = window_figures(window.times_ns, overhead_ns, max(floor_ms, resolution_ns / 1e6))
+    fastest = {p: fastest_process(window.times_ns, p) for p in ["candidate", *programs]}
+    figures, used_ns = window_figures(window.times_ns, overhead_ns, max(floor_ms, resolution_ns / 1e6),
+                                      fastest["candidate"])
     if used_ns != overhead_ns:
         log.warning("%s: less the handshake's %.4g ms the calls fall below the hardware floor or the handshake's "
                     "noise: every program's outside-clock times are the figures", rec.task_id, overhead_ns / 1e6)
+    rec.conditions = json.dumps({p: {**measured, **own[_pair_of(name)], **_processes_read(figures, p, name)}
+                                 for p, name in fastest.items()})
     rec.overhead_ms = used_ns / 1e6
-    rec.candidate_times_ms = times = figures["candidate"]
+    rec.candidate_times_ms = times = figures[fastest["candidate"]]
     stats = TimingStats.of(times)
     rec.candidate_ms, rec.candidate_iqr_ms, rec.candidate_cv, rec.candidate_noise = (
         stats.median_ms, stats.iqr_ms, stats.cv, stats.noise)
@@ -340,19 +411,63 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         rec.fail("profile", f"implausible: {rec.candidate_ms:.4g} ms is below the hardware floor "
                             f"{rec.floor_ms:.4g} ms ({rec.flops:.3g} FLOP, {rec.min_bytes:.3g} B)")
         return False
-    rec.eager_times_ms = figures["eager"]
+    rec.eager_times_ms = figures[fastest["eager"]]
     eager = TimingStats.of(rec.eager_times_ms)
     rec.eager_ms, rec.eager_cv = eager.median_ms, eager.cv
     rounds = cfg.timing.rounds
     rec.speedup_eager = paired_ratio(rec.eager_times_ms, times, rounds)
-    compiled = [figures[p] for p in programs if p.startswith("compile")]
+    compiled = [figures[fastest[p]] for p in programs if p.startswith("compile")]
     if compiled:   # none when baseline.compile_modes is empty: compile_ms stays NaN, and so does the speedup
         speedups = [(paired_ratio(figs, times, rounds), figs) for figs in compiled]
         rec.speedup_compile, rec.compile_times_ms = min(speedups, key=lambda pair: pair[0])   # the fastest mode
-        fastest = TimingStats.of(rec.compile_times_ms)
-        rec.compile_ms, rec.compile_cv = fastest.median_ms, fastest.cv
+        fastest_mode = TimingStats.of(rec.compile_times_ms)
+        rec.compile_ms, rec.compile_cv = fastest_mode.median_ms, fastest_mode.cv
     rec.baseline_cached = False
     return True
+
+
+def _pair_of(name: str) -> str:
+    """The pair an entrant ran in: `candidate@k` for the candidate's, `baselines@k` for a baseline's."""
+    k = _process_of(name)
+    return process_name("candidate" if program_of(name) == "candidate" else "baselines", k)
+
+
+def _process_of(name: str) -> int:
+    """The process number in an entrant's name (hpc.profile.window.process_name)."""
+    return int(name.partition("@")[2] or 0)
+
+
+def _processes_read(figures: dict[str, list[float]], program: str, fastest: str) -> dict:
+    """For the record's conditions: which of `program`'s processes gave its figures, and each
+    process's median (ms a call), in order."""
+    mine = sorted((_process_of(name), figs) for name, figs in figures.items() if program_of(name) == program)
+    medians = [round(statistics.median(figs), 6) for _, figs in mine]
+    return {"timed_in_process": _process_of(fastest), "process_medians_ms": medians}
+
+
+def _verify(rec: EvalRecord, driver: PairDriver, seeds: Seeds, process: int, lock: DeviceLock,
+            cfg: EvalConfig) -> bool:
+    """The candidate's correctness trials in its process `process`, each checked before the next
+    runs; False (the record failed at verify) when one fails. The record's trials and errors add
+    up over its processes."""
+    own = seeds.processes[process].trials
+    trials = [Call(t["seed"], t["distribution"], checked=True, check_inputs=True, poison=k % 2)
+              for k, t in enumerate(own)]
+    with lock.shared():
+        result = driver.run(trials, batch_limit=1)
+    rec.max_abs_error = max(rec.max_abs_error if process else 0.0, result.checks["max_abs_error"])
+    rec.max_rel_error = max(rec.max_rel_error if process else 0.0, result.checks["max_rel_error"])
+    rec.trials = (rec.trials if process else 0) + result.checks["checked"]
+    if result.failure is None:
+        return True
+    rec.correct = False
+    failure = result.failure
+    if failure.kind == FailureKind.CORRECTNESS and 0 <= failure.call < len(trials):
+        t = own[failure.call]
+        where = f" of process {process}" if process else ""
+        failure.reason = f"trial {failure.call}{where} (seed {t['seed']}, {t['distribution']} inputs): {failure.reason}"
+    _fail(rec, "verify", failure, cfg)
+    return False
 
 
 def _first_error(text: str) -> str:

@@ -45,6 +45,9 @@ def test_eval_json_has_the_contract_fields_and_writes_hdf5(tmp_path, cache_dir):
         assert measured["input_shifts"] == 32   # frame after frame, 32 places within 4 KiB
         assert measured["window_minor_faults"] >= 0   # its process's page faults over the window
         assert 0.0 <= measured["heap_on_huge_pages"] <= 1.0   # its heap's share on 2 MiB pages (test_hardware.py)
+        assert measured["timed_in_process"] == 0 and len(measured["process_medians_ms"]) == 1   # one process each
+    assert conditions["candidate"]["process_medians_ms"][conditions["candidate"]["timed_in_process"]] == round(
+        rec.candidate_ms, 6)
 
 
 def test_eval_of_a_failing_candidate_exits_one_and_keeps_its_record(tmp_path, cache_dir):

@@ -33,6 +33,9 @@ def test_yaml_overrides_nested_keys(tmp_path):
     ("timing:\n  host_check_ratio: 0.5\n", "timing.host_check_ratio: removed"),
     ("timing:\n  handshake: fast\n", "timing.handshake"),
     ("timing:\n  input_shifts_cpu: 3\n", "timing.input_shifts_cpu: must be a power of two"),
+    ("timing:\n  processes_cpu: 0\n", "timing.processes_cpu: must be 1 to 4"),
+    ("timing:\n  processes_cpu: 5\n", "timing.processes_cpu: must be 1 to 4"),
+    ("timing:\n  processes_cpu: 3\n  iterations: 2\n", "timing.processes_cpu: must not exceed timing.iterations"),
     ("backend: tpu\n", "backend"),
     ("reward: 3\n", "reward"),
     ("correctness:\n  distributions: [wide, cauchy]\n", "correctness.distributions"),
@@ -123,3 +126,13 @@ def test_a_checkpoint_saved_under_the_old_name_reads_its_rules():
     stored = train_config_dict(train_config(_training_data(eval={"rules": {"libraries": ["cublas"]}})))
     stored["eval"]["policy"] = stored["eval"].pop("rules")
     assert saved_train_config(stored).eval.rules.libraries == ["cublas"]
+
+
+def test_few_iterations_on_the_command_line_leave_each_process_a_frame(tmp_path):
+    """`--iterations 1` on a config that times each program in 2 processes: one process, not an error."""
+    from hpc.config import command_line_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("timing:\n  processes_cpu: 2\n")
+    assert command_line_config(path, backend="cpu", iterations=1).timing.processes_cpu == 1
+    assert command_line_config(path, backend="cpu", iterations=10).timing.processes_cpu == 2

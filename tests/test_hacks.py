@@ -249,6 +249,9 @@ def test_candidate_cannot_rewrite_torch_compiles_cached_code(tmp_path, fast_conf
 
 
 def test_honest_workdir_is_paid(config, monkeypatch):
+    """On cpu each program timed in 2 processes (timing.processes_cpu), each verified and checked on
+    seeds of its own, the figures its fastest one's; on cuda one."""
+    config.timing.processes_cpu = 2
     handshakes = []   # the empty program's cost and the least figure that stands out of its noise
 
     def measured(empty_ns: list[int]) -> tuple[float, float]:
@@ -260,14 +263,28 @@ def test_honest_workdir_is_paid(config, monkeypatch):
     assert rec.status == "ok", rec.reason
     assert rec.correct and rec.compiled and rec.reward >= 1.0
     seeds = json.loads(rec.seeds)
-    assert rec.trials == 7 and rec.timed_checks == 3 * seeds["burst"]   # every call of 3 frames
+    processes = seeds["processes"]
+    assert len(processes) == (2 if config.backend == "cpu" else 1)
+    assert rec.trials == 7 * len(processes)   # each process verified on trials of its own
+    assert rec.timed_checks == 3 * len(processes) * seeds["burst"]   # every call of 3 frames in each
     assert rec.candidate_ms > 0 and rec.eager_ms > 0 and rec.compile_ms > 0
     assert rec.min_bytes > 0 and (rec.backend == "cpu" or rec.candidate_ms > rec.floor_ms)
     rounds = json.loads(rec.config)["timing"]["rounds"]   # the speedups are read round by round, from the frames kept
     assert len(rec.eager_times_ms) == len(rec.compile_times_ms) == len(rec.candidate_times_ms)
     assert rec.speedup_eager == paired_ratio(rec.eager_times_ms, rec.candidate_times_ms, rounds)
     assert rec.speedup_compile == paired_ratio(rec.compile_times_ms, rec.candidate_times_ms, rounds)
-    assert len(seeds["trials"]) == 7 and {t["distribution"] for t in seeds["trials"]} == {"default", "wide", "small"}
+    for own in processes:
+        assert len(own["trials"]) == 7 and {t["distribution"] for t in own["trials"]} == {"default", "wide", "small"}
+        assert len(own["timing"]) == 2 + 20 // len(processes) and len(own["timed_checks"]) == 3
+    drawn = [s for own in processes for s in [*own["timing"], *(t["seed"] for t in own["trials"])]]
+    assert len(set(drawn)) == len(drawn)   # no process sees another's inputs again
+    assert len(rec.candidate_times_ms) == 20 // len(processes)   # the fastest process's frames
+    conditions = json.loads(rec.conditions)
+    for program in ("candidate", "eager", "compile:default"):
+        medians = conditions[program]["process_medians_ms"]
+        assert len(medians) == len(processes) and medians[conditions[program]["timed_in_process"]] == min(medians)
+    assert conditions["candidate"]["process_medians_ms"][conditions["candidate"]["timed_in_process"]] == round(
+        rec.candidate_ms, 6)
     stages = json.loads(rec.stage_seconds)    # the stages, and the device lock's waits and exclusive hold
     assert {"compile", "load", "verify", "profile"} <= set(stages)
     assert 0 < stages["lock_held_exclusive"] <= stages["load"] + stages["profile"] and stages["lock_wait_shared"] >= 0
@@ -291,6 +308,17 @@ def test_honest_load_inline_single_file_is_paid(fast_config):
     assert first.correct and first.reward >= 1.0
     second = evaluate(load_task(RELU_TASK), candidate, fast_config)
     assert second.status == "ok" and second.wall_seconds < first.wall_seconds
+
+
+def test_a_candidate_that_forges_only_in_a_later_process_is_rejected(fast_config):
+    """Each program timed in 2 processes, its figure its fastest one's: a candidate honest in the
+    process verified first and fast and wrong in the next (it tells them apart by a file in the one
+    folder they share, its load_inline build folder) would be paid the second's time were that
+    process not verified too."""
+    fast_config.timing.processes_cpu = 2
+    rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / "later_process.py"), fast_config)
+    assert rec.failed_stage == "verify" and "of process 1" in rec.reason and "outside atol" in rec.reason, rec.reason
+    assert rec.reward == -1.0
 
 
 def test_a_time_below_the_hardware_floor_is_rejected(fast_config):

@@ -10,7 +10,7 @@ from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reward_repeat import bandwidth_movement, co_movement, far_rounds  # noqa: E402
+from reward_repeat import bandwidth_movement, by_process, co_movement, far_rounds  # noqa: E402
 
 
 def _row(candidate: float, eager: float, compile_ms: float, handshake: float, flush_gb_s: float = 10.0) -> tuple:
@@ -92,3 +92,39 @@ def test_rounds_a_process_ran_twice_as_slow_are_named_and_a_steady_window_names_
     assert [k for k, _ in found] == [7, 8, 9]
     assert all(1.9 < ratio < 2.1 for _, ratio in found)
     assert far_rounds([], 10) == []
+
+
+def _process_run(path, medians: dict[str, list[float]]):
+    """A kept run of one row whose programs were each timed in two processes (conditions only)."""
+    import json
+
+    from hpc.results.hdf5 import ResultWriter
+    from hpc.results.record import EvalRecord
+
+    conditions = {program: {"process_medians_ms": m, "timed_in_process": m.index(min(m))}
+                  for program, m in medians.items()}
+    with ResultWriter(path, {"git_commit": "abc"}) as writer:
+        writer.append(EvalRecord(task_id="level1/x", task_level=1, status="ok", reward=3.0, correct=True,
+                                 compiled=True, conditions=json.dumps(conditions)))
+    return path
+
+
+def test_one_process_alone_is_read_beside_the_fastest_and_a_process_gone_slow_shows_in_it_alone(tmp_path):
+    """Three runs; in the second, torch.compile's first process ran 2x slow (as swish_scale_add's
+    baselines did in 3 of 36 runs): process 0 read alone moves and pays 3 once, process 1 alone and
+    the fastest process do not."""
+    steady = {"candidate": [4.0, 4.04], "eager": [12.0, 12.1], "compile:default": [4.1, 4.12]}
+    slow = {**steady, "compile:default": [8.2, 4.12]}
+    paths = [_process_run(tmp_path / f"run-{k}.h5", m) for k, m in enumerate((steady, slow, steady))]
+    lines = by_process(paths)
+    assert lines[0].startswith("| task | process 0 alone") and "fastest process" in lines[0]
+    row = lines[2].split(" | ")
+    assert "(100.0%), 2/3/2" in row[1]                 # process 0 alone: 1.025x, 2.05x, 1.025x
+    assert "(0.0%), 2/2/2" in row[2] and "(0.5%), 2/2/2" in row[3]   # the fastest: 1.025x, 1.03x, 1.025x
+    assert lines[-1].endswith("process 0 alone: same reward 0, within 3% 0; process 1 alone: same reward 1, "
+                              "within 3% 1; fastest process: same reward 1, within 3% 1")
+
+
+def test_runs_timed_in_one_process_have_no_process_table(tmp_path):
+    one = {"candidate": [4.0], "eager": [12.0], "compile:default": [4.4]}
+    assert by_process([_process_run(tmp_path / "run-0.h5", one)]) == []

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from hpc.profile.timing import Call, Failure, LoopResult, timing_calls
-from hpc.profile.window import (Entrant, EntrantError, Window, chunks, flush_rate, handshake_ns, paired_ratio,
-                               record_graphs, round_spans, run_window, timed_by)
+from hpc.profile.window import (Entrant, EntrantError, Window, chunks, fastest_process, flush_rate, handshake_ns,
+                               paired_ratio, process_name, program_of, record_graphs, round_spans, run_window, timed_by)
 from hpc.sandbox.messages import CaptureReply
 from hpc.sandbox.process import SandboxError
 
@@ -211,10 +211,10 @@ def _state(pid: int) -> str:
 
 
 class Observing:
-    """Notes the state of the candidate's process each time its entrant runs."""
+    """Notes the state of the candidate's process (or of `watched`) each time its entrant runs."""
 
-    def __init__(self, pid: int, seen: list):
-        self.pid, self.seen = pid, seen
+    def __init__(self, pid: int, seen: list, watched: int = 0):
+        self.pid, self.seen = watched or pid, seen
 
     def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
         self.seen.append((program, _state(self.pid)))
@@ -239,6 +239,54 @@ def test_the_candidates_processes_are_stopped_while_every_other_entrant_runs(tmp
     finally:
         program.kill()
         program.wait()
+
+
+def test_each_of_the_candidates_processes_is_stopped_while_another_runs():
+    """A candidate timed in two processes: while either runs, the other is held stopped, so one
+    cannot work beside the other's frames (or a baseline's)."""
+    first, second = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        seen: list = []
+        entrants = [Entrant(name, Observing(pid, seen, other), "candidate", [], [Call(k, timed=True) for k in range(4)],
+                            tree=pid)
+                    for name, pid, other in (("candidate", first.pid, second.pid),
+                                             ("candidate@1", second.pid, first.pid))]
+        run_window(entrants, 4, random.Random(5))
+        assert len(seen) == 8 and {state for _, state in seen} == {"T"}   # the other one, each time
+    finally:
+        for program in (first, second):
+            program.kill()
+            program.wait()
+
+
+def test_a_programs_figures_are_its_fastest_processes_by_median_whatever_its_name():
+    """The rule is the same for every program: the process whose timed frames' median is least,
+    among those of that program alone (compile:default's are not eager's)."""
+    assert [process_name("eager", k) for k in range(3)] == ["eager", "eager@1", "eager@2"]
+    assert program_of("compile:default@1") == "compile:default" and program_of("candidate") == "candidate"
+    times = {"candidate": [5, 5, 9], "candidate@1": [4, 6, 6], "eager": [1, 1, 1], "eager@1": [3, 3, 3],
+             "compile:default": [9, 9, 9], "compile:default@1": [2, 8, 8], "empty": [0]}
+    assert fastest_process(times, "candidate") == "candidate"   # medians 5 and 6: not the lone fast frame
+    assert fastest_process(times, "eager") == "eager"
+    assert fastest_process(times, "compile:default") == "compile:default@1"
+    assert fastest_process({"eager": [2]}, "eager") == "eager"   # one process: itself
+
+
+def test_each_process_of_a_program_runs_its_share_of_the_frames_with_its_own_checks():
+    """Every process of a program runs in every round, on frames no other process has, and the
+    candidate's are each checked `correctness.timed_checks` times, however the frames divide."""
+    from hpc.config import load_config
+    from hpc.pipeline import Seeds
+    from hpc.profile.driver import process_frames, timing_processes
+
+    cfg = load_config(backend="cpu")
+    cfg.timing.iterations, cfg.timing.processes_cpu = 21, 2
+    assert timing_processes(cfg) == 2 and process_frames(cfg) == [11, 10]
+    seeds = Seeds.draw(cfg)
+    assert [len(p.timing) for p in seeds.processes] == [cfg.timing.warmup + 11, cfg.timing.warmup + 10]
+    assert all(len(p.checked) == cfg.correctness.timed_checks for p in seeds.processes)
+    assert len({s for p in seeds.processes for s in p.timing}) == 2 * cfg.timing.warmup + 21
+    assert process_frames(load_config(backend="cuda")) == [100]   # one process on cuda
 
 
 def test_a_frame_lasts_about_frame_ms_in_a_power_of_two_of_calls_within_its_limits():

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from hpc.config import EvalConfig
+from hpc.profile.window import round_spans
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
 from hpc.sandbox import freeze
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align,
@@ -66,6 +67,19 @@ def input_shifts(cfg: EvalConfig) -> list[int]:
     n = cfg.timing.input_shifts_cpu if cfg.backend == "cpu" else 1
     bits = n.bit_length() - 1
     return [int(format(k, f"0{bits}b")[::-1], 2) * (SHIFT_SPAN // n) if bits else 0 for k in range(n)]
+
+
+def timing_processes(cfg: EvalConfig) -> int:
+    """How many processes each program is timed in (hpc.profile.window): `timing.processes_cpu` on
+    cpu; one on cuda, whose figures repeat within 1% from one process to the next (H100, three
+    runs of the suite, docs/benchmarks.md)."""
+    return cfg.timing.processes_cpu if cfg.backend == "cpu" else 1
+
+
+def process_frames(cfg: EvalConfig) -> list[int]:
+    """Each process's timed frames: `timing.iterations` shared out, the first ones one more where
+    they do not divide."""
+    return [end - start for start, end in round_spans(cfg.timing.iterations, timing_processes(cfg))]
 
 
 def most_calls(cfg: EvalConfig, burst: int) -> int:

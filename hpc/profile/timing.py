@@ -43,7 +43,7 @@ from hpc.sandbox.exchange import (DONE_FAILED, STOP, CallTimeout, InputLayout, P
                                   send_frame)
 from hpc.sandbox.messages import FailureKind
 
-PROTOCOL = "outside-10"    # kept with every record: outside clock, programs side by side in one window,
+PROTOCOL = "outside-11"    # kept with every record: outside clock, programs side by side in one window,
                            # timed calls in bursts; on cuda each burst a graph replay where every program
                            # of the window can be recorded (the record's conditions say: timed_by); on
                            # cpu every program on the cores the drivers leave, a thread a core
@@ -54,7 +54,10 @@ PROTOCOL = "outside-10"    # kept with every record: outside clock, programs sid
                            # polling (kept_awake); every program's process, the baselines' too, held
                            # stopped from a frame's first input until just before t0 (hpc.profile.driver);
                            # on cpu each frame's inputs at the next of input_shifts_cpu places within
-                           # 4 KiB (hpc.profile.driver.input_shifts; the conditions say: input_shifts)
+                           # 4 KiB (hpc.profile.driver.input_shifts; the conditions say: input_shifts);
+                           # on cpu each program timed in timing.processes_cpu processes of its own, its
+                           # figures its fastest one's (hpc.profile.window.fastest_process; the conditions
+                           # say: timed_in_process, process_medians_ms)
 POISON = (float("nan"), -3.0e7)   # correctness calls alternate: reading uninitialized memory shows
 
 

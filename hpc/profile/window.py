@@ -10,6 +10,12 @@ slows the host for a while slows every program's share of that while, and the ra
 uses keep their value. While one program runs, the candidate's process and everything below it is
 stopped (hpc.sandbox.freeze): threads or children it left running cannot slow a baseline timed
 beside it, and so raise its own speedup.
+
+On cpu each program is timed in `timing.processes_cpu` processes of its own in the same window
+(entrants `candidate`, `candidate@1`, ...; `eager`, `eager@1`, ...), each with its share of the
+timed frames, and its figures are those of its fastest process (fastest_process): the same code in
+another process ran at another speed for a whole window, torch.compile's 2x in 3 of 36 runs of one
+task, and a figure that hangs on which process a program drew is not the program's.
 """
 
 from __future__ import annotations
@@ -67,6 +73,25 @@ class Window:
     failed: str = ""                                              # the entrant whose loop failed
     failure: Failure | None = None                                 # its failure; call indexes its warmup + timed
     flush_ns: list[int] = field(default_factory=list)             # every frame's cache flush (cpu)
+
+
+def process_name(program: str, process: int) -> str:
+    """An entrant's name: the program's in its first process, `program@k` in its k-th after."""
+    return program if process == 0 else f"{program}@{process}"
+
+
+def program_of(name: str) -> str:
+    """The program an entrant's name (process_name) times."""
+    return name.partition("@")[0]
+
+
+def fastest_process(times_ns: dict[str, list[int]], program: str) -> str:
+    """The entrant of `program`'s processes whose timed frames' median is least: its figures are
+    the program's. The rule is the same for the candidate and each baseline, and every process of
+    a window runs frames of as many calls, in the same rounds, so a faster process is one that ran
+    the program faster, not one timed under easier conditions."""
+    names = [n for n in times_ns if program_of(n) == program and times_ns[n]]
+    return min(names, key=lambda n: statistics.median(times_ns[n]))
 
 
 def round_spans(frames_count: int, rounds: int) -> list[tuple[int, int]]:

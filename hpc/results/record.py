@@ -75,9 +75,11 @@ class EvalRecord:
     compile_log: str = column("", "", "the last 4000 characters of the compiler's output")
     correct: bool = column(False, "", "all correctness trials and timed-output checks passed")
     trials: int = column(0, "1", "correctness trials run (they stop at the first failure)")
-    seeds: str = column("", "", "the init seed, each trial's seed and input distribution, each timing call's seed, "
-                                "the checked timed calls (written when the evaluation has ended: no seed but the init "
-                                "seed is known to the candidate before its call)", json=True)
+    seeds: str = column("", "", "the init seed, the calls a timed frame runs (`burst`), and for each of the "
+                                "candidate's processes (`processes`; before protocol `outside-11` one, at the top level) "
+                                "each trial's seed and input distribution, each frame's seed (`timing`) and the checked "
+                                "timed frames (`timed_checks`) (written when the evaluation has ended: no seed but the "
+                                "init seed is known to the candidate before its call)", json=True)
     max_abs_error: float = column(math.nan, "", "the worst absolute error of an output over the trials (in the "
                                                 "output's own units)")
     max_rel_error: float = column(math.nan, "1", "the worst relative error of an output over the trials")
@@ -126,7 +128,11 @@ class EvalRecord:
                                      "(and all it started) over the window, warm-up included, the baselines' "
                                      "shared by eager, torch.compile and the empty program (from 2026-12-06); "
                                      "`heap_on_huge_pages`, the share of that process's heap on 2 MiB pages at the "
-                                     "window's end (null where it has none; from 2026-12-06)", json=True, added_in=4)
+                                     "window's end (null where it has none; from 2026-12-06); `timed_in_process`, "
+                                     "which of the program's processes gave its figures (its fastest), and "
+                                     "`process_medians_ms`, each process's median, in order (protocol "
+                                     "`outside-11`; on cpu each program is timed in `timing.processes_cpu` "
+                                     "processes; the per-process readings above are that process's)", json=True, added_in=4)
     speedup_eager: float = column(math.nan, "1", "how many times faster than eager the candidate is: each of the "
                                                  "candidate's frames against eager's median in the same round of the "
                                                  "window, and the median of those over the candidate's frames (from "
