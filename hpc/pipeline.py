@@ -290,6 +290,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             rec.fail("baseline", f"baseline failed: {e.reason}", "error")
             return False
         clock.mark("baseline")
+        rec.correct = not starting.candidates   # until every further process has passed too
         for k, future in enumerate(starting.candidates, start=1):   # the same candidate, loaded and verified anew
             stage = "load"
             try:
@@ -314,6 +315,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             clock.mark("verify")
             if not verified:
                 return False
+        rec.correct = True
         stage = "baseline"
         try:
             for future in starting.baselines[1:]:

@@ -191,12 +191,17 @@ def test_every_seed_is_drawn_on_its_own():
     from hpc.pipeline import Seeds
 
     cfg = load_config()
+    cfg.timing.processes_cpu = 2   # each process's seeds drawn on their own too
+
+    def drawn(seeds: Seeds) -> list[int]:
+        return [seeds.probe, *(s for p in seeds.processes for s in [*(t["seed"] for t in p.trials), *p.timing])]
+
     a, b = Seeds.draw(cfg), Seeds.draw(cfg)
-    drawn = [a.probe, *(t["seed"] for t in a.trials), *a.timing]
-    assert len(set(drawn)) == len(drawn)
-    assert all(abs(s - a.init) > 1 << 40 for s in drawn)
-    assert not set(drawn) & {b.probe, *(t["seed"] for t in b.trials), *b.timing}
-    assert len(a.checked) == cfg.correctness.timed_checks and a.checked != b.checked
+    assert len(a.processes) == 2 and len(set(drawn(a))) == len(drawn(a))
+    assert all(abs(s - a.init) > 1 << 40 for s in drawn(a))
+    assert not set(drawn(a)) & set(drawn(b))
+    assert all(len(p.checked) == cfg.correctness.timed_checks for p in a.processes)
+    assert [p.checked for p in a.processes] != [p.checked for p in b.processes]
 
 
 def test_hang_is_killed_at_the_timeout(config):
@@ -318,7 +323,7 @@ def test_a_candidate_that_forges_only_in_a_later_process_is_rejected(fast_config
     fast_config.timing.processes_cpu = 2
     rec = evaluate(load_task(RELU_TASK), load_candidate(HACKS / "later_process.py"), fast_config)
     assert rec.failed_stage == "verify" and "of process 1" in rec.reason and "outside atol" in rec.reason, rec.reason
-    assert rec.reward == -1.0
+    assert rec.reward == -1.0 and not rec.correct
 
 
 def test_a_time_below_the_hardware_floor_is_rejected(fast_config):
