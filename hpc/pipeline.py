@@ -37,7 +37,8 @@ from hpc.profile.driver import (PairDriver, flush_bytes, graph_replays, input_sh
                                 timing_processes)
 from hpc.profile.timing import Call, Failure, TimingStats, timing_calls, window_figures
 from hpc.profile.window import (Entrant, EntrantError, Recording, Window, fastest_process, flush_rate, handshake_ns,
-                                paired_ratio, process_name, program_of, record_graphs, run_window, timed_by)
+                                paired_ratio, process_name, process_of, program_of, record_graphs, run_window,
+                                timed_by)
 from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
 from hpc.sandbox.messages import FailureKind
@@ -377,7 +378,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
             if failure.kind == FailureKind.CORRECTNESS:
                 rec.correct = False
                 timed = failure.call - warmup
-                of = f" of its process {window.failed.partition('@')[2]}" if "@" in window.failed else ""
+                of = f" of its process {process_of(window.failed)}" if process_of(window.failed) else ""
                 failure.reason = (f"output of timed call {timed}{of} is wrong (stale, cached or unfinished?): "
                                   f"{failure.reason}")
             _fail(rec, stage, failure, cfg)
@@ -430,21 +431,16 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
 
 def _pair_of(name: str) -> str:
     """The pair an entrant ran in: `candidate@k` for the candidate's, `baselines@k` for a baseline's."""
-    k = _process_of(name)
+    k = process_of(name)
     return process_name("candidate" if program_of(name) == "candidate" else "baselines", k)
-
-
-def _process_of(name: str) -> int:
-    """The process number in an entrant's name (hpc.profile.window.process_name)."""
-    return int(name.partition("@")[2] or 0)
 
 
 def _processes_read(figures: dict[str, list[float]], program: str, fastest: str) -> dict:
     """For the record's conditions: which of `program`'s processes gave its figures, and each
     process's median (ms a call), in order."""
-    mine = sorted((_process_of(name), figs) for name, figs in figures.items() if program_of(name) == program)
+    mine = sorted((process_of(name), figs) for name, figs in figures.items() if program_of(name) == program)
     medians = [round(statistics.median(figs), 6) for _, figs in mine]
-    return {"timed_in_process": _process_of(fastest), "process_medians_ms": medians}
+    return {"timed_in_process": process_of(fastest), "process_medians_ms": medians}
 
 
 def _verify(rec: EvalRecord, driver: PairDriver, seeds: Seeds, process: int, lock: DeviceLock,

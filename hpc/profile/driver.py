@@ -83,9 +83,10 @@ def process_frames(cfg: EvalConfig) -> list[int]:
 
 
 def most_calls(cfg: EvalConfig, burst: int) -> int:
-    """The longest run of calls an evaluation makes (a batch of inputs never needs to be larger)."""
+    """The longest run of calls an evaluation makes (a batch of inputs never needs to be larger):
+    a process's warm-up and timed frames, its share of them where a program is timed in several."""
     t = cfg.timing
-    return max((t.warmup + t.iterations) * burst, (t.calibration_calls + CALIBRATION_WARMUP) * burst,
+    return max((t.warmup + max(process_frames(cfg))) * burst, (t.calibration_calls + CALIBRATION_WARMUP) * burst,
                cfg.correctness.trials + len(cfg.correctness.distributions))
 
 

@@ -85,6 +85,11 @@ def program_of(name: str) -> str:
     return name.partition("@")[0]
 
 
+def process_of(name: str) -> int:
+    """Which of its program's processes an entrant's name (process_name) is."""
+    return int(name.partition("@")[2] or 0)
+
+
 def fastest_process(times_ns: dict[str, list[int]], program: str) -> str:
     """The entrant of `program`'s processes whose timed frames' median is least: its figures are
     the program's. The rule is the same for the candidate and each baseline, and every process of
