@@ -190,8 +190,8 @@ def main() -> int:
             print(f"  spread: eager {100 * r['eager spread']:.1f}%; same file {pct(r['same file spreads'])}; "
                   f"copies {pct(r['copies spreads'])}; compiles {100 * r['compiles spread']:.1f}%; "
                   f"compile/eager {r['medians']['compile 0/file/a'] / r['medians']['eager/a']:.3f}", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+            if args.out:   # after each task: what was measured is kept whatever comes after
+                args.out.write_text(json.dumps(results, indent=1))
     return 0
 
 

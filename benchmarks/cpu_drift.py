@@ -139,6 +139,14 @@ def spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / statistics.median(xs)
 
 
+def correlation(xs: list[float], ys: list[float]) -> float:
+    """Pearson's r; nan where either side held one value throughout (statistics would raise)."""
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:
+        return float("nan")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=4.0, help="per task")
@@ -169,14 +177,14 @@ def main() -> int:
                       f"{b['chase_ns']:.1f} |")
             if len(table) > 2:
                 cols = {k: [b[k] for b in table] for k in ("eager", "compile", "ratio", "alu_ms", "chase_ns")}
-                corr = {k: statistics.correlation(cols["ratio"], cols[k]) for k in ("alu_ms", "chase_ns")}
+                corr = {k: correlation(cols["ratio"], cols[k]) for k in ("alu_ms", "chase_ns")}
                 print(f"spread over blocks: eager {100 * spread(cols['eager']):.1f}%, compile "
                       f"{100 * spread(cols['compile']):.1f}%, ratio {100 * spread(cols['ratio']):.1f}%, chain "
                       f"{100 * spread(cols['alu_ms']):.1f}%, chase {100 * spread(cols['chase_ns']):.1f}%; ratio's "
                       f"correlation with the chain {corr['alu_ms']:.2f}, with the chase {corr['chase_ns']:.2f}",
                       flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+            if args.out:   # after each task: minutes of measurement kept whatever comes after
+                args.out.write_text(json.dumps(results, indent=1))
     return 0
 
 
