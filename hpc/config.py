@@ -94,10 +94,11 @@ class RewardConfig:
 @dataclass
 class SandboxConfig:
     timeout_s: float = 300.0              # wall limit for one sandboxed process
-    memory_gb: float = 16.0               # address-space limit (cpu backend only; CUDA maps more)
+    memory_gb: float = 16.0               # what a worker's cgroup may hold (every page of its processes, memfd
+                                          # and tmpfs included, swap off); also its address space on cpu
     cpu_seconds: int = 1200
     max_open_files: int = 1024
-    max_processes: int = 4096
+    max_processes: int = 4096             # tasks (processes and threads) in a worker's cgroup
     max_file_mb: int = 1024
     isolate_network: bool = True
     restrict_writes: bool = True          # Landlock: writes only in the workdir and a private tmp
@@ -120,6 +121,7 @@ class CompileConfig:
     cuda_arch: str = "sm_90a"              # Hopper with its arch-specific instructions (wgmma)
     timeout_s: float = 180.0
     max_library_mb: int = 256             # largest object, library or source set a compile may produce or read
+    memory_gb: float = 8.0                # what each compiler run's cgroup may hold (cc1plus, cicc, ptxas, ...)
 
 
 @dataclass
@@ -168,6 +170,7 @@ class EvalConfig:
                     "timing.calibration_calls": self.timing.calibration_calls, "timing.rounds": self.timing.rounds,
                     "timing.batch_mb_cpu": self.timing.batch_mb_cpu, "timing.batch_mb_cuda": self.timing.batch_mb_cuda,
                     "timing.burst_max": self.timing.burst_max, "compile.timeout_s": self.compile.timeout_s,
+                    "compile.memory_gb": self.compile.memory_gb,
                     "compile.max_library_mb": self.compile.max_library_mb}
         for key, value in positive.items():
             if value <= 0:

@@ -49,15 +49,13 @@ def conditions(backend: str, beside: int) -> dict[str, object]:
             "beside": beside, **(gpu_state() if backend == "cuda" else {})}
 
 
-def minor_faults(root: int) -> int:
-    """Minor page faults so far of `root` and every process below it, all their threads (field 10
-    of /proc/PID/stat); a process that ends between the walk and the read counts 0. Read before and
-    after a window, it says whether a program paid its buffers' pages in again on every call (a
-    freed buffer handed back to the system, faulted in anew), a factor of that process alone."""
-    from hpc.sandbox.freeze import tree
-
+def minor_faults(pids: list[int]) -> int:
+    """Minor page faults so far of the processes `pids` (a program's cgroup's), all their threads
+    (field 10 of /proc/PID/stat); a process that has ended counts 0. Read before and after a
+    window, it says whether a program paid its buffers' pages in again on every call (a freed
+    buffer handed back to the system, faulted in anew), a factor of that process alone."""
     total = 0
-    for pid in tree(root):
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 total += int(f.read().rsplit(")", 1)[1].split()[7])

@@ -46,7 +46,7 @@ from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_p
 from hpc.sandbox.process import SandboxError
 from hpc.sandbox.tempdirs import owned_temporary
 from hpc.task import Task
-from hpc.verify.static import kernel_defect, link_flags, source_defect
+from hpc.verify.static import kernel_defect, link_flags, python_text, source_defect
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ class _StageClock:
 
 def _run_stages(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalConfig, stop_after: StopAfter,
                 clock: _StageClock, lock: DeviceLock) -> None:
-    defect = (source_defect(candidate.files[candidate.model_file].decode("utf-8", "replace"), candidate.model_file,
-                            cfg.rules.libraries)
+    text, defect = python_text(candidate.files[candidate.model_file])
+    defect = (defect or source_defect(text, candidate.model_file, cfg.rules.libraries)
               or kernel_defect(candidate.files, cfg.rules.libraries))
     clock.mark("static")
     if defect:
@@ -195,7 +195,8 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
         return {"TORCH_EXTENSIONS_DIR": str(extension_dirs[0]), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.rules.libraries))
     result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s,
-                             max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid)
+                             max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid,
+                             memory_gb=cfg.compile.memory_gb)
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
     if not result.ok:
         rec.fail("compile", _first_error(result.log))
@@ -332,10 +333,9 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
         for k, (driver, drawn) in enumerate(zip(drivers, seeds.processes)):
             calls = timing_calls(drawn.timing, cfg.timing.warmup, set(drawn.checked), seeds.burst, input_shifts(cfg))
             entrants.append(Entrant(process_name("candidate", k), driver, "", calls[:warmup], calls[warmup:],
-                                    tree=driver.pair.program.worker_pid))
+                                    hold=driver.pair.program.proc.cgroup))
         for k, (driver, frames) in enumerate(zip(baseline_drivers, process_frames(cfg))):
             entrants += baseline_entrants(driver, cfg, programs, seeds.burst, k, frames)
-        candidates = [d.pair.program.worker_pid for d in drivers]
         processes = {**{process_name("candidate", k): d for k, d in enumerate(drivers)},
                      **{process_name("baselines", k): d for k, d in enumerate(baseline_drivers)}}
         try:
@@ -347,14 +347,15 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                     log.info("%s: timed by calls: %s", rec.task_id, recording.reason)
             window = Window(failed=recording.failed, failure=recording.failure)
             if recording.failure is None:
-                pinned = timing(*window_pids(*(d.pair for d in processes.values())), backend=cfg.backend,
-                                trees=candidates,   # the candidate with all it started
+                trusted, references = window_pids(*(d.pair for d in baseline_drivers))
+                pinned = timing(trusted, [*references, *(d.pair.reference.worker_pid for d in drivers)],
+                                backend=cfg.backend, confined=[d.pair.program.proc.cgroup for d in drivers],
                                 awake=keeps_awake(cfg))
                 with lock.exclusive(), pinned as placed:
                     measured = {**conditions(cfg.backend, lock.beside()), **placed}
-                    faults = {k: minor_faults(d.pair.program.worker_pid) for k, d in processes.items()}
+                    faults = {k: minor_faults(d.pair.program.processes()) for k, d in processes.items()}
                     window = run_window(entrants, cfg.timing.rounds, random.SystemRandom())
-                    faults = {k: minor_faults(d.pair.program.worker_pid) - faults[k] for k, d in processes.items()}
+                    faults = {k: minor_faults(d.pair.program.processes()) - faults[k] for k, d in processes.items()}
                 measured.update(timed_by(recording), **flush_rate(window, flush_bytes(cfg)))
                 own = {k: {**d.placement(), "window_minor_faults": faults[k],
                            "heap_on_huge_pages": heap_on_huge_pages(d.pair.program.worker_pid)}
@@ -364,9 +365,7 @@ def _run_processes(rec: EvalRecord, task: Task, candidate: Candidate, cfg: EvalC
                 raise e.error from None
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
-        except PinError as e:   # the baselines are the harness's; a candidate may start threads faster than the walks
-            if set(candidates) & set(e.pids):
-                raise SandboxError(f"not timed: {e}", FailureKind.RUNTIME) from None
+        except PinError as e:   # only the harness's own programs are pinned by their threads
             rec.fail("baseline", f"baseline failed: {e}", "error")
             return False
         clock.mark("profile")

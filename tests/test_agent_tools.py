@@ -312,6 +312,18 @@ def test_bash_cannot_connect_to_a_host_unix_socket(episode, tmp_path):
 
 
 @needs_isolation
+def test_bash_creates_no_socket_of_any_family(episode):
+    """AF_VSOCK, AF_NETLINK, AF_PACKET and every other family: EACCES (13) from the filter."""
+    from tests.test_confinement import OPEN_EVERY_FAMILY
+
+    script = episode.workdir.work / "families.py"
+    script.write_text(OPEN_EVERY_FAMILY + "\nprint('FAMILIES', sorted({e for v in got.values() for e in v}, key=str))\n")
+    episode.step(call("bash", command="python families.py"))
+    (event,) = last_events(episode)
+    assert "FAMILIES [13]" in event.observation, event.observation
+
+
+@needs_isolation
 def test_a_setsid_daemon_does_not_outlive_its_bash_call(episode):
     from tests.test_confinement import host_processes_with
 

@@ -169,6 +169,72 @@ result = got
     assert "'pair': 'allowed'" in out and not accepted
 
 
+# every family Linux numbers (1..45): AF_INET 2, AF_INET6 10, AF_NETLINK 16, AF_PACKET 17, AF_BLUETOOTH 31,
+# AF_ALG 38, AF_VSOCK 40 (a virtual machine's host, past the network namespace), AF_XDP 44, ...
+SOCKET_FAMILIES = range(1, 46)
+OPEN_EVERY_FAMILY = f"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+got = {{}}
+for family in {list(SOCKET_FAMILIES)}:
+    errors = set()
+    for kind in (1, 2, 3, 5):   # stream, datagram, raw, seqpacket: a family that refuses one may take another
+        fd = libc.socket(family, kind, 0)
+        if fd >= 0:
+            os.close(fd)
+            errors = {{'opened'}}
+            break
+        errors.add(ctypes.get_errno())
+    got[family] = sorted(errors, key=str)
+result = got
+"""
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_a_candidate_creates_no_socket_of_any_family_but_what_its_driver_needs(tmp_path, backend):
+    """Allow-listed, not deny-listed: off the GPU no socket at all; on it AF_UNIX alone (the CUDA
+    driver's, which reaches no host socket: above). Every other family answers EACCES (13), which
+    the kernel never gives for a family it lacks (EAFNOSUPPORT), so each was refused by the filter."""
+    import ast
+    out = attack_in_worker(tmp_path, OPEN_EVERY_FAMILY, backend=backend)
+    got = ast.literal_eval(out[len("RESULT<"):out.rindex(">")])
+    allowed = {1} if backend == "cuda" else set()
+    assert {family for family, errors in got.items() if errors == ["opened"]} == allowed, got
+    assert all(errors == [13] for family, errors in got.items() if family not in allowed), got
+
+
+def test_a_trusted_worker_may_open_vsock_and_netlink_sockets(tmp_path):
+    """The control: where the filter allows them, this kernel has the families the test refuses."""
+    import ast
+    out = attack_in_worker(tmp_path, OPEN_EVERY_FAMILY, trusted=True)
+    got = ast.literal_eval(out[len("RESULT<"):out.rindex(">")])
+    assert got[16] == ["opened"] and got[2] == ["opened"], got
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_a_candidate_cannot_send_sigcont(tmp_path, backend):
+    """kill, tgkill and pidfd_send_signal of SIGCONT answer EPERM; other signals still go."""
+    out = attack_in_worker(tmp_path, """
+import os, signal, threading
+signal.signal(signal.SIGCONT, lambda *_: None)
+signal.signal(signal.SIGUSR1, lambda *_: None)
+got = {}
+def attempt(name, fn):
+    try:
+        fn()
+        got[name] = 'sent'
+    except OSError as e:
+        got[name] = e.errno
+attempt('kill', lambda: os.kill(os.getpid(), signal.SIGCONT))
+attempt('tgkill', lambda: signal.pthread_kill(threading.get_ident(), signal.SIGCONT))
+fd = os.pidfd_open(os.getpid())
+attempt('pidfd', lambda: signal.pidfd_send_signal(fd, signal.SIGCONT))
+attempt('usr1', lambda: os.kill(os.getpid(), signal.SIGUSR1))
+result = got
+""", backend=backend)
+    assert "'kill': 1" in out and "'tgkill': 1" in out and "'pidfd': 1" in out and "'usr1': 'sent'" in out, out
+
+
 def test_a_trusted_worker_may_open_unix_sockets(tmp_path):
     out = attack_in_worker(tmp_path, "import socket\nsocket.socket(socket.AF_UNIX).close()\nresult = 'opened'",
                            trusted=True)
@@ -289,7 +355,7 @@ def test_a_joined_worker_shares_the_pid_namespace(tmp_path):
     """CUDA IPC between an evaluation's two workers needs one PID namespace (the driver checks pids)."""
     first = launch.spawn(["sleep", "60"], launch.Policy(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     try:
-        rc, out = launch.run(["sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $$"],
+        rc, out, _ = launch.run(["sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo $$"],
                              launch.Policy(join=first.pidfd), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
                              timeout=30)
     finally:
@@ -472,7 +538,7 @@ def test_a_daemon_started_by_kernel_code_does_not_outlive_the_evaluation(tmp_pat
 def test_a_background_program_and_all_it_starts_run_at_idle_priority(tmp_path, background):
     """Compiles run in the background: on a machine whose cores time another evaluation's calls,
     they take only what the timed work leaves idle (issue 21)."""
-    rc, out = launch.run(["sh", "-c", "cat /proc/self/stat | cut -d' ' -f19,41; sh -c \"cut -d' ' -f41 /proc/self/stat\""],
+    rc, out, _ = launch.run(["sh", "-c", "cat /proc/self/stat | cut -d' ' -f19,41; sh -c \"cut -d' ' -f41 /proc/self/stat\""],
                          launch.Policy(background=background), cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"},
                          timeout=30)
     assert rc == 0, out

@@ -11,6 +11,7 @@ import pytest
 from hpc.candidate import load_candidate
 from hpc.pipeline import evaluate
 from hpc.profile import cores
+from hpc.sandbox import launch
 from hpc.task import load_task
 from tests.conftest import RELU_TASK, TESTS
 
@@ -89,34 +90,38 @@ _SLEEPER = ("import os, threading, time, subprocess, sys; threading.Thread(targe
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
-def test_a_cpu_window_moves_its_programs_the_untrusted_one_with_all_below_it_and_its_drivers_and_back():
-    """Every thread of the untrusted program and of the processes it started goes on the programs'
-    cores (a child it started before the window would otherwise run on the other cores); a trusted
-    program's threads too, but not its children (a baseline's compile workers, still starting up,
-    would take turns with the timed programs); a driver and the harness's thread on the drivers'
-    core; all back after."""
+def test_a_cpu_window_moves_its_programs_the_untrusted_one_by_its_cpuset_and_its_drivers_and_back(tmp_path):
+    """Every thread of the untrusted program and of the processes it started runs on the programs'
+    cores (its cgroup's cpuset; a child it started before the window would otherwise run on the
+    other cores); a trusted program's threads too, but not its children (a baseline's compile
+    workers, still starting up, would take turns with the timed programs); a driver and the
+    harness's thread on the drivers' core; all back after."""
     before = os.sched_getaffinity(0)
     program_cores, driver_cores = cores.timing_cores("cpu")
-    untrusted, trusted = (subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
-                          for _ in range(2))
+    untrusted = launch.spawn([sys.executable, "-c", _SLEEPER], launch.Policy(readable=tuple(launch.python_readable()),
+                             seccomp="trusted"), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE)
+    trusted = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
     driver = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     children = []
     try:
-        children = [int(untrusted.stdout.readline()), int(trusted.stdout.readline())]
+        untrusted.popen.stdout.readline()
+        children = [int(trusted.stdout.readline())]
         driver.stdout.readline()
-        tids = [int(t) for t in os.listdir(f"/proc/{untrusted.pid}/task")] + [children[0]]
+        tids = [int(t) for pid in untrusted.cgroup.pids() for t in os.listdir(f"/proc/{pid}/task")]
         trusted_tids = [int(t) for t in os.listdir(f"/proc/{trusted.pid}/task")]
         assert len(tids) == 3 and len(trusted_tids) == 2
-        with cores.timing([untrusted.pid, trusted.pid], [driver.pid], backend="cpu", trees=[untrusted.pid]):
+        with cores.timing([trusted.pid], [driver.pid], backend="cpu", confined=[untrusted.cgroup]):
             assert [_affinity(t) for t in tids + trusted_tids] == [program_cores] * 5
-            assert _affinity(children[1]) == before
+            assert untrusted.cgroup.cpus() == program_cores
+            assert _affinity(children[0]) == before
             assert _affinity(driver.pid) == driver_cores
             assert _affinity(0) == driver_cores
-        assert [_affinity(t) for t in tids + trusted_tids + children[1:]] == [before] * 6
+        assert [_affinity(t) for t in tids + trusted_tids + children] == [before] * 6
         assert _affinity(driver.pid) == before and _affinity(0) == before
     finally:
-        for proc in (untrusted, trusted, driver):
+        untrusted.reap()
+        for proc in (trusted, driver):
             proc.kill()
             proc.wait()
         for child in children:
@@ -124,10 +129,10 @@ def test_a_cpu_window_moves_its_programs_the_untrusted_one_with_all_below_it_and
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
-def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_timed(monkeypatch):
-    """Pinning ends on a walk that finds every thread in place; a tree that still had threads to
-    move at the last walk (one that moves itself back, or starts threads faster than the walks) is
-    named, not timed, and everything goes back where it was."""
+def test_a_trusted_program_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_timed(monkeypatch):
+    """Pinning ends on a walk that finds every thread in place; a program that still had threads to
+    move at the last walk (starting threads faster than the walks) is named, not timed, and
+    everything goes back where it was."""
     before = os.sched_getaffinity(0)
     program_cores, _ = cores.timing_cores("cpu")
     program = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
@@ -136,26 +141,18 @@ def test_a_tree_whose_threads_are_not_all_pinned_after_the_last_walk_is_not_time
         child = int(program.stdout.readline())
         monkeypatch.setattr(cores, "PIN_WALKS", 1)   # one walk, which moves every thread
         with pytest.raises(cores.PinError, match="did not stay on cores") as failed:
-            with cores.timing([program.pid], backend="cpu", trees=[program.pid]):
+            with cores.timing([program.pid], backend="cpu"):
                 pass
         assert failed.value.pids == [program.pid]
-        assert _affinity(0) == _affinity(program.pid) == _affinity(child) == before
+        assert _affinity(0) == _affinity(program.pid) == before
         monkeypatch.undo()
-        with cores.timing([program.pid], backend="cpu", trees=[program.pid]):   # the second walk: all in place
-            assert _affinity(program.pid) == _affinity(child) == program_cores
+        with cores.timing([program.pid], backend="cpu"):   # the second walk: all in place
+            assert _affinity(program.pid) == program_cores
     finally:
         program.kill()
         program.wait()
         if child:
             os.kill(child, 9)
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to move threads between")
-def test_a_candidate_whose_threads_would_not_stay_pinned_is_not_paid(monkeypatch, fast_config):
-    monkeypatch.setattr(cores, "PIN_WALKS", 1)   # one walk: every tree still had threads to move
-    rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
-    assert rec.status == "failed" and rec.reward == -1 and rec.failed_stage == "profile", rec.reason
-    assert "not timed: the threads under pid" in rec.reason and "did not stay on cores" in rec.reason
 
 
 @pytest.mark.slow

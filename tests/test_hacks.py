@@ -62,8 +62,8 @@ def config(request, fast_config, cache_dir):
     return fast_config if request.param == "cpu" else request.getfixturevalue("cuda_config")
 
 
-PAID_BY_REAL_TIME = ["clock_rewrite", "predicted_inputs", "early_start"]   # correct, forging in vain: paid
-                                                                         # as honest (below)
+PAID_BY_REAL_TIME = ["clock_rewrite", "predicted_inputs", "early_start", "baseline_spinner"]   # correct, forging
+                                                                                             # in vain: paid as honest
 
 
 def test_every_hack_folder_has_an_expectation():
@@ -163,7 +163,9 @@ def test_a_call_computed_before_its_clock_starts_is_paid_by_its_real_time(fast_c
     harness flushes the cache, before t0 (cpu: the harness publishes the inputs, then flushes);
     the timed call hands the finished result back. Before the candidate was held stopped through
     publish and flush it was paid 11.4x torch.compile and reward 3 (its honest twin: 1.08x, reward
-    1); now it is paid by its real time. Each against eager timed in its own window, as the reward
+    1). Held by SIGSTOP, a POSIX timer sending it SIGCONT every millisecond (also in early_start)
+    undid each stop: level1/08_gelu paid 3.8x and 6.8x eager where its twin is 0.4-0.6x. Held by
+    its cgroup's freezer, it is paid by its real time. Each against eager timed in its own window, as the reward
     compares it: the two evaluations run apart. On cuda the copy engines publish the inputs just
     before t0 (docs/security.md, "Computing while its inputs arrive")."""
     task = load_task(RELU_LARGE)
@@ -173,6 +175,19 @@ def test_a_call_computed_before_its_clock_starts_is_paid_by_its_real_time(fast_c
     attack_ratio, honest_ratio = attack.candidate_ms / attack.eager_ms, honest.candidate_ms / honest.eager_ms
     assert attack_ratio > 0.5 * honest_ratio, (attack.candidate_ms, attack.eager_ms, honest.candidate_ms,
                                                honest.eager_ms)
+
+
+def test_a_candidate_that_spins_between_its_calls_does_not_slow_its_baselines(fast_config):
+    """baseline_spinner spins whenever its own forward has not run for 15 ms, sending itself SIGCONT
+    every millisecond: held by SIGSTOP, eager and torch.compile ran 1.74-1.79x slower in its window.
+    Frozen in its cgroup while they run, its baselines run as an honest candidate's do (back to
+    back on one machine, so a margin for the host's drift between two evaluations)."""
+    task = load_task(RELU_LARGE)
+    attack = evaluate(task, load_candidate(HACKS / "baseline_spinner"), fast_config)
+    honest = evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
+    assert attack.status == "ok" and honest.status == "ok", (attack.reason, honest.reason)
+    assert attack.eager_ms < 1.3 * honest.eager_ms, (attack.eager_ms, honest.eager_ms)
+    assert attack.compile_ms < 1.3 * honest.compile_ms, (attack.compile_ms, honest.compile_ms)
 
 
 def test_a_program_that_seals_its_input_slot_fails_its_own_call(fast_config):

@@ -155,6 +155,34 @@ def test_inline_flag_bypass_is_refused(flags, words):
     assert words in _defect(_inline("int f();", **flags))
 
 
+SHIFT_JIS_HIDE = (b"# -*- coding: shift_jis -*-\n" + HEADER.encode()
+                  + b'NOTE = """\x83\\"""\nimport os, ctypes\nEND = """"""  # """\n' + MODEL.encode())
+
+
+@pytest.mark.parametrize("data, words", [
+    # shift_jis reads 0x83 0x5c as one character, so Python's string ends at the next quotes and
+    # `import os, ctypes` is code; read as UTF-8, the backslash escapes a quote and it is text
+    (SHIFT_JIS_HIDE, "declares the encoding shift_jis"),
+    (b"# vim: set fileencoding=latin-1 :\n" + (HEADER + MODEL).encode(), "declares the encoding iso-8859-1"),
+    (b"# coding: no-such-codec\n" + (HEADER + MODEL).encode(), "encoding declaration is refused"),
+    ((HEADER + "# caf\xe9\n" + MODEL).encode("latin-1"), "not UTF-8"),
+])
+def test_a_source_python_would_read_otherwise_than_the_check_is_refused(tmp_path, fast_config, data, words):
+    assert "ctypes" not in source_defect(SHIFT_JIS_HIDE.decode("utf-8", "replace"), "m.py")   # what the check saw
+    path = tmp_path / "model_new.py"
+    path.write_bytes(data)
+    rec = evaluate(load_task(RELU_TASK), load_candidate(path), fast_config)
+    assert rec.status == "failed" and rec.failed_stage == "static" and words in rec.reason, rec.reason
+
+
+@pytest.mark.parametrize("data", [b"# -*- coding: utf-8 -*-\n", b"\xef\xbb\xbf", b"# coding=utf8\n", b""])
+def test_a_utf8_source_declared_or_not_is_read_as_python_reads_it(data):
+    from hpc.verify.static import python_text
+
+    text, defect = python_text(data + (HEADER + "# caf\u00e9\n" + MODEL).encode())
+    assert defect == "" and "caf\u00e9" in text and source_defect(text, "model_new.py") == ""
+
+
 def test_a_library_the_rules_allow_may_be_used_inline():
     cpp = "#include <cublas_v2.h>\nvoid f(cublasHandle_t h) { auto g = at::cuda::getCurrentCUDABlasHandle(); }"
     assert _defect(_inline(cpp, extra_ldflags=["-lcublas"]), ("cublas",)) == ""

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from hpc.hardware import heap_on_huge_pages, minor_faults
+from hpc.sandbox import launch
 
 _TOUCHER = """import mmap, sys
 m = mmap.mmap(-1, 64 << 20)
@@ -23,23 +24,28 @@ sys.stdin.read()
 """
 
 
-def test_a_child_that_touches_fresh_pages_counts_them_in_its_parents_tree():
-    """A child writes one byte into each 4 KiB page of 64 MiB it mapped: it counts at least those
-    16384 faults, and so does its parent's tree while the child lives; a process gone counts 0."""
-    child = subprocess.Popen([sys.executable, "-c", _TOUCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+def test_a_child_that_touches_fresh_pages_counts_them_among_its_programs_processes(tmp_path):
+    """A confined program's child writes one byte into each 4 KiB page of 64 MiB it mapped: the
+    program's processes (its cgroup's) count at least those 16384 faults; a process gone counts 0."""
+    program = ("import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+               "child.wait()")
+    proc = launch.spawn([sys.executable, "-c", program, _TOUCHER], launch.Policy(readable=tuple(
+        launch.python_readable())), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE)
     try:
-        assert child.stdout.readline().strip() == "mapped"
-        before = minor_faults(child.pid)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "touched"
-        assert minor_faults(child.pid) - before >= 16384
-        assert minor_faults(os.getpid()) >= minor_faults(child.pid)
+        assert proc.popen.stdout.readline().strip() == b"mapped"
+        pids = proc.cgroup.pids()
+        assert len(pids) == 2
+        before = minor_faults(pids)
+        proc.popen.stdin.write(b"go\n")
+        proc.popen.stdin.flush()
+        assert proc.popen.stdout.readline().strip() == b"touched"
+        assert minor_faults(pids) - before >= 16384
     finally:
-        child.stdin.close()
-        child.wait(10)
-    assert minor_faults(child.pid) == 0
+        proc.popen.stdin.close()
+        proc.wait(10)
+        proc.reap()
+    assert minor_faults(pids) == 0
 
 
 _HEAP = """import ctypes, sys

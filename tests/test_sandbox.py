@@ -26,7 +26,7 @@ def confined_python(tmp_path: Path, code: str) -> tuple[int, str]:
     from hpc.sandbox.process import worker_policy
 
     policy = worker_policy(SandboxConfig(), "cpu", tmp_path, [], [])
-    rc, out = launch.run([sys.executable, "-c", code], policy, cwd=tmp_path, timeout=60,
+    rc, out, _ = launch.run([sys.executable, "-c", code], policy, cwd=tmp_path, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": launch.python_path_dir()})
     return rc, out
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import random
 import statistics
-import subprocess
-
 import pytest
 
 from hpc.profile.timing import Call, Failure, LoopResult, timing_calls
 from hpc.profile.window import (Entrant, EntrantError, Window, chunks, fastest_process, flush_rate, handshake_ns,
                                paired_ratio, process_name, program_of, record_graphs, round_spans, run_window, timed_by)
+from hpc.sandbox import launch
+from hpc.sandbox.cgroup import Cgroup
 from hpc.sandbox.messages import CaptureReply
 from hpc.sandbox.process import SandboxError
 
@@ -205,58 +205,53 @@ def test_the_handshake_is_the_empty_programs_median_and_a_figure_must_stand_out_
     assert median == 100 and least > 10                                 # the spread, when larger
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 class Observing:
-    """Notes the state of the candidate's process (or of `watched`) each time its entrant runs."""
+    """Notes whether the candidate's group (or `watched`) is frozen each time its entrant runs."""
 
-    def __init__(self, pid: int, seen: list, watched: int = 0):
-        self.pid, self.seen = watched or pid, seen
+    def __init__(self, group: Cgroup, seen: list, watched: Cgroup | None = None):
+        self.group, self.seen = watched or group, seen
 
     def run(self, calls: list[Call], batch_limit: int = 0, program: str = "", graph: bool = False) -> LoopResult:
-        self.seen.append((program, _state(self.pid)))
+        self.seen.append((program, self.group.frozen()))
         return LoopResult([c.seed for c in calls if c.timed], None, {})
 
 
-def test_the_candidates_processes_are_stopped_while_every_other_entrant_runs(tmp_path):
+def sleeper(tmp_path) -> launch.Confined:
+    return launch.spawn(["sleep", "60"], launch.Policy(), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+
+
+def test_the_candidates_processes_are_frozen_while_every_other_entrant_runs(tmp_path):
     """A thread or child the candidate left running would slow the baselines beside it: its whole
-    tree is stopped while they run, and goes on when its own turn comes and after the window."""
-    program = subprocess.Popen(["sleep", "60"])
+    group is frozen while they run, and thawed when its own turn comes and after the window."""
+    program = sleeper(tmp_path)
     try:
         seen: list = []
-        driver = Observing(program.pid, seen)
+        driver = Observing(program.cgroup, seen)
         entrants = [Entrant("candidate", driver, "candidate", [Call(0)], [Call(k, timed=True) for k in range(1, 9)],
-                        tree=program.pid),
+                            hold=program.cgroup),
                     entrant("eager", driver, 1, 8, 100), entrant("empty", driver, 1, 8, 200)]
         run_window(entrants, 4, random.Random(3))
-        going_on = {"S", "R", "D"}   # sleeping, just woken, or waiting on a page under a loaded machine's memory
-        assert {state for name, state in seen if name == "candidate"} <= going_on
-        assert {state for name, state in seen if name != "candidate"} == {"T"}
-        assert _state(program.pid) in going_on              # left going on after the window
+        assert {frozen for name, frozen in seen if name == "candidate"} == {False}
+        assert {frozen for name, frozen in seen if name != "candidate"} == {True}
+        assert not program.cgroup.frozen()              # left going on after the window
     finally:
-        program.kill()
-        program.wait()
+        program.reap()
 
 
-def test_each_of_the_candidates_processes_is_stopped_while_another_runs():
-    """A candidate timed in two processes: while either runs, the other is held stopped, so one
+def test_each_of_the_candidates_processes_is_frozen_while_another_runs(tmp_path):
+    """A candidate timed in two processes: while either runs, the other is held frozen, so one
     cannot work beside the other's frames (or a baseline's)."""
-    first, second = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    first, second = sleeper(tmp_path), sleeper(tmp_path)
     try:
         seen: list = []
-        entrants = [Entrant(name, Observing(pid, seen, other), "candidate", [], [Call(k, timed=True) for k in range(4)],
-                            tree=pid)
-                    for name, pid, other in (("candidate", first.pid, second.pid),
-                                             ("candidate@1", second.pid, first.pid))]
+        entrants = [Entrant(name, Observing(mine.cgroup, seen, other.cgroup), "candidate", [],
+                            [Call(k, timed=True) for k in range(4)], hold=mine.cgroup)
+                    for name, mine, other in (("candidate", first, second), ("candidate@1", second, first))]
         run_window(entrants, 4, random.Random(5))
-        assert len(seen) == 8 and {state for _, state in seen} == {"T"}   # the other one, each time
+        assert len(seen) == 8 and {frozen for _, frozen in seen} == {True}   # the other one, each time
     finally:
         for program in (first, second):
-            program.kill()
-            program.wait()
+            program.reap()
 
 
 def test_a_programs_figures_are_its_fastest_processes_by_median_whatever_its_name():
@@ -347,9 +342,9 @@ def test_every_program_meets_the_same_shifts_in_each_round_of_a_window():
     assert Call.from_message(candidate[5].to_message()) == candidate[5]
 
 
-def test_the_baselines_process_is_held_stopped_through_each_frames_flush_as_a_candidates_is(fast_config,
-                                                                                            monkeypatch):
-    """Real drivers: the baselines' trusted process is stopped while a frame's inputs are published
+def test_the_baselines_process_is_held_frozen_through_each_frames_flush_as_a_candidates_is(fast_config,
+                                                                                           monkeypatch):
+    """Real drivers: the baselines' trusted process is frozen while a frame's inputs are published
     and the cache flushed, like a candidate's. A process let go on just before t0 answers the go
     byte sooner than one that blocked through the flush (benchmarks/cpu_wake.py), and the empty
     program's handshake, which lives in the baselines' process, is taken off the candidate's figures."""
@@ -359,18 +354,18 @@ def test_the_baselines_process_is_held_stopped_through_each_frames_flush_as_a_ca
     from hpc.profile.device_lock import DeviceLock
     from hpc.task import load_task
 
-    states: list[str] = []
+    states: list[bool] = []
     flush = driver_module._HostAgent.flush
 
     def observed(agent) -> None:
-        states.append(_state(agent.pid))
+        states.append(agent.group.frozen())
         flush(agent)
 
     monkeypatch.setattr(driver_module._HostAgent, "flush", observed)
     stats, measured = measure_program(load_task(RELU_TASK), "eager", fast_config, 1,
                                       DeviceLock("cpu", fast_config.cache_path()))
     assert stats.median_ms > 0 and len(states) >= fast_config.timing.iterations
-    assert set(states) == {"T"}, states
+    assert set(states) == {True}, states
 
 
 def test_a_task_whose_calls_take_no_tensor_is_timed_at_every_input_shift(fast_config, tmp_path):

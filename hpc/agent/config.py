@@ -26,9 +26,9 @@ class BashConfig:
     """Limits of one `bash` tool call (it runs in the project's sandbox, confined to the workdir)."""
 
     timeout_s: float = 60.0               # wall clock; the whole process group is killed after it
-    memory_gb: float = 8.0                # address space (torch needs a few GB of it just to import)
+    memory_gb: float = 8.0                # what the command's cgroup may hold, and its address space off the GPU
     cpu_seconds: int = 600
-    max_processes: int = 4096             # RLIMIT_NPROC: counts every process of the user, keep it loose
+    max_processes: int = 4096             # tasks in the command's cgroup (and RLIMIT_NPROC, per user)
     max_file_mb: int = 256                # largest file a command may write
     require_isolation: bool = True        # refuse to run when this machine cannot confine writes and network
     confine_reads: bool = True            # read only the system, Python, the toolkit package and the episode

@@ -3,7 +3,9 @@
 Each call is a fresh `bash -c` started by the evaluator's launcher (hpc/sandbox/launch.py) under
 the workers' rules: pid 1 of its own PID namespace with a fresh /proc (it sees no other process,
 the harness's environment included), an empty network namespace, rlimits, the strict seccomp
-profile (no AF_UNIX sockets: the host's UNIX sockets are out of reach), uid 65534 where the
+profile (no AF_UNIX sockets: the host's UNIX sockets are out of reach), a cgroup of its own (its
+memory, memfd and tmpfs pages included, and its tasks bounded: `bash.memory_gb`,
+`bash.max_processes`), uid 65534 where the
 harness is root and that uid can read Python (else uid 0 without capabilities), and Landlock:
 it writes only in the workdir and the episode's scratch folder, and reads only the system, the
 Python installation, the toolkit package and the episode, so a command cannot read the
@@ -64,7 +66,8 @@ def run_bash(command: str, workdir: Path, scratch: Path, log: Path, cfg: BashCon
                            memory_bytes=None if devices else int(cfg.memory_gb * (1 << 30)))
     policy = launch.Policy(readable=tuple(readable) if cfg.confine_reads else None,
                            writable=(*writable, *devices), uid=uid, limits=limits,
-                           seccomp=seccomp_profile(False, "cuda" if devices else "cpu"))
+                           seccomp=seccomp_profile(False, "cuda" if devices else "cpu"),
+                           memory_bytes=int(cfg.memory_gb * (1 << 30)))
     with open(log, "w+b") as out:
         try:
             proc = launch.spawn(["bash", "--noprofile", "--norc", "-c", command], policy, cwd=workdir,

@@ -11,7 +11,9 @@ The compiler runs confined like a worker (hpc/sandbox/launch.py), since a source
 toolchain's own -I/-L folders and its build folder, a private copy of the sources, and writes
 only that folder; it has no network, a minimal environment, and runs as `sandbox.run_as_uid`
 where the harness is root. Each compiler run is pid 1 of its own PID namespace, so a timeout
-ends its whole tree (cc1plus, cicc, as). Objects and the library are capped (RLIMIT_FSIZE, then
+ends its whole tree (cc1plus, cicc, as), and each runs in a cgroup of its own whose memory is
+bounded (`compile.memory_gb`): a source that makes the compiler grow without end (`#include` of
+a device that never ends) ends that compile, never another process. Objects and the library are capped (RLIMIT_FSIZE, then
 the library's size) at `compile.max_library_mb`, and so are the sources read; what goes past it
 fails with a reason that names the key and is not cached.
 """
@@ -35,6 +37,7 @@ SOURCE_SUFFIX = {"cpu": ".cpp", "cuda": ".cu"}
 LIBRARY_NAME = "kernels.so"
 HEADER_SUFFIXES = (".h", ".hpp", ".cuh")
 DEFAULT_MAX_LIBRARY_MB = 256
+DEFAULT_MEMORY_GB = 8.0
 _SIGXFSZ_EXIT = {-25, 128 + 25}
 # the compiler's environment: what toolchains read, nothing of the harness's (its keys)
 _ENV_KEYS = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
@@ -148,27 +151,35 @@ def _headers(workdir: Path) -> list[Path]:
     return _regular_files(workdir, HEADER_SUFFIXES)
 
 
+COMPILE_TASKS = 512   # processes and threads of one compiler run (nvcc, cicc, ptxas and their threads)
+
+
 @dataclass(frozen=True)
 class _Confinement:
     """How one compile's programs run: what they read, the one folder they write, the file-size
-    cap, the uid."""
+    cap, the memory its cgroup may hold, the uid."""
 
     readable: tuple[str, ...]
     build: Path | None
     max_bytes: int
     uid: int | None
+    memory_gb: float = DEFAULT_MEMORY_GB
 
     def run(self, cmd: list[str], timeout: float) -> tuple[int, str]:
         writable = () if self.build is None else (str(self.build),)
         policy = launch.Policy(readable=(*self.readable, *writable), writable=writable, uid=self.uid,
-                               limits=launch.Limits(file_bytes=self.max_bytes), background=True)
+                               limits=launch.Limits(file_bytes=self.max_bytes, processes=COMPILE_TASKS),
+                               background=True, memory_bytes=int(self.memory_gb * (1 << 30)))
         env = {k: os.environ[k] for k in _ENV_KEYS if k in os.environ}
         home = str(self.build or "/")
         env.update(TMPDIR=home, HOME=home)
         try:
-            rc, out = launch.run(cmd, policy, cwd=home, env=env, timeout=timeout)
+            rc, out, exceeded = launch.run(cmd, policy, cwd=home, env=env, timeout=timeout)
         except (launch.LaunchError, OSError) as e:
             return -1, f"cannot run {cmd[0]}: {e}"
+        if "memory" in exceeded:
+            return -1, (f"error: the compiler went over its memory limit (compile.memory_gb = {self.memory_gb:g} GiB): "
+                        f"{' '.join(cmd[:3])} ...\n{out[-2000:]}")
         if rc is None:
             return -1, f"compiler timed out after {timeout:.0f} s: {' '.join(cmd[:3])} ..."
         if rc in _SIGXFSZ_EXIT or "File size limit exceeded" in out or "File too large" in out:
@@ -235,13 +246,14 @@ def symbol_defect(library: Path, timeout: float = 60.0, confinement: _Confinemen
 
 def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path, timeout: float = 120.0,
                     jobs: int | None = None, trusted: bool = False, max_library_mb: int = DEFAULT_MAX_LIBRARY_MB,
-                    run_as_uid: int = 65534) -> CompileResult:
+                    run_as_uid: int = 65534, memory_gb: float = DEFAULT_MEMORY_GB) -> CompileResult:
     """Compile kernels/*.{cpp,cu} of `workdir` into a cached shared library.
 
     Compilation happens in a private temp folder holding a copy of the sources (so a compiler run
     never writes into the candidate's workdir, and reads no file of it but that copy), and the
     finished library appears atomically. Only the harness's own sources are `trusted`: they may
-    call into torch (the symbol check is skipped). `run_as_uid`: the uid a root harness compiles as.
+    call into torch (the symbol check is skipped). `run_as_uid`: the uid a root harness compiles as;
+    `memory_gb`: what each compiler run's cgroup may hold.
     """
     import time
 
@@ -274,7 +286,7 @@ def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path, timeou
         readable = tuple(toolchain_readable(toolchain))
         uid = launch.run_as(run_as_uid, readable, [str(build)])
         launch.give(uid, [build])
-        confined = _Confinement(readable, build, max_bytes, uid)
+        confined = _Confinement(readable, build, max_bytes, uid, memory_gb)
         objects = [build / (s.name + ".o") for s in sources]
         cmds = [[toolchain.compiler, *toolchain.flags, "-c", str(build / s.name), "-o", str(o)]
                 for s, o in zip(sources, objects)]

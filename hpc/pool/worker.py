@@ -205,6 +205,8 @@ def precompile(candidate_path: str, cfg: EvalConfig) -> Future | None:
         return None
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.rules.libraries))
     pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(compile_workdir, path, toolchain, cfg.cache_path(), cfg.compile.timeout_s)
+    future = pool.submit(compile_workdir, path, toolchain, cfg.cache_path(), cfg.compile.timeout_s,
+                         max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid,
+                         memory_gb=cfg.compile.memory_gb)
     pool.shutdown(wait=False)
     return future

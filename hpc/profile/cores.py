@@ -11,7 +11,9 @@ nothing is kept from compiles: a quarter of 2 or 4 cores would leave the timed p
 While a window is timed its processes (both pairs: the references, the candidate's and the
 baselines' programs) and the harness's thread are pinned (timing_cores), then put back: what is
 timed runs on the same cores whichever evaluation it belongs to, and a process does not move
-between cores in the middle of its calls.
+between cores in the middle of its calls. A candidate is placed by its cgroup's cpuset, which
+holds every thread and child it has or starts, whatever affinity they ask for; the harness's own
+programs, trusted, by their threads' affinity.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Collection, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-from hpc.sandbox import freeze
+from hpc.sandbox.cgroup import Cgroup
 
 MIN_CORES = 8
 PIN_WALKS = 50   # walks of the trees a window may take to find every thread in place (timing)
@@ -194,39 +196,32 @@ def keep_awake(cores: Iterable[int]) -> Iterator[None]:
 
 
 class PinError(Exception):
-    """The trees under `pids` still had threads to move after the last walk (_pin_trees)."""
+    """The processes `pids` still had threads to move after the last walk (_pin_threads)."""
 
     def __init__(self, pids: list[int], cores: set[int], walks: int):
-        super().__init__(f"the threads under pid {', '.join(map(str, pids))} did not stay on cores {sorted(cores)} "
+        super().__init__(f"the threads of pid {', '.join(map(str, pids))} did not stay on cores {sorted(cores)} "
                          f"through {walks} walks")
         self.pids = pids
 
 
-def _processes(pid: int, trees: Collection[int]) -> list[int]:
-    """The processes pinned for `pid`: its whole tree where it is one of `trees`, else itself."""
-    return freeze.tree(pid) if pid in trees else [pid]
-
-
-def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]], trees: Collection[int] = ()) -> None:
-    """Every thread of every process `pids` (with everything below it, for those in `trees`) on
-    `target` (each one's first mask kept in `saved`), walked again until a walk finds every thread
-    there: a thread started during a walk by one not yet moved is moved on the next (one started by
-    a moved thread starts there). PinError, naming the processes, when PIN_WALKS walks do not get
-    there: one that moves its threads back (seccomp refuses that to every untrusted program) or
-    starts them faster than the walks."""
+def _pin_threads(pids: Sequence[int], target: set[int], saved: dict[int, set[int]]) -> None:
+    """Every thread of every process `pids` on `target` (each one's first mask kept in `saved`),
+    walked again until a walk finds every thread there: a thread started during a walk by one not
+    yet moved is moved on the next (one started by a moved thread starts there). PinError, naming
+    the processes, when PIN_WALKS walks do not get there (a trusted program starting threads faster
+    than the walks)."""
     for _ in range(PIN_WALKS):
         moved: set[int] = set()
         for pid in pids:
-            for proc in _processes(pid, trees):
-                for tid in _threads(proc):
-                    try:
-                        mask = os.sched_getaffinity(tid)
-                        saved.setdefault(tid, mask)
-                        if mask != target:
-                            os.sched_setaffinity(tid, target)
-                            moved.add(pid)
-                    except OSError:   # ended meanwhile
-                        continue
+            for tid in _threads(pid):
+                try:
+                    mask = os.sched_getaffinity(tid)
+                    saved.setdefault(tid, mask)
+                    if mask != target:
+                        os.sched_setaffinity(tid, target)
+                        moved.add(pid)
+                except OSError:   # ended meanwhile
+                    continue
         if not moved:
             return
     raise PinError(sorted(moved), target, PIN_WALKS)
@@ -234,18 +229,19 @@ def _pin_trees(pids: Sequence[int], target: set[int], saved: dict[int, set[int]]
 
 @contextlib.contextmanager
 def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = "cpu",
-           trees: Collection[int] = (), awake: bool = False) -> Iterator[dict]:
-    """Every thread of the processes `programs` and `drivers`, and the calling thread (the
+           confined: Sequence[Cgroup] = (), awake: bool = False) -> Iterator[dict]:
+    """Every thread of the trusted processes `programs` and `drivers`, and the calling thread (the
     harness's side of the window), on the cores timing_cores gives them for the block (a window);
     each put back where it was after (a thread started meanwhile goes where its process's first
-    was). The programs in `trees` go with everything below them: an untrusted program's children
-    must not run wider than its baselines. A trusted one's children stay where they are: a
-    baseline's inductor compile workers, still starting up when its window opens, would otherwise
-    take turns with the timed programs on their core. The harness's thread goes on the kept cores
-    left on cuda, if any, and with the drivers on cpu, where its clock is the driver. `awake`: the
-    programs' cores are kept from idling meanwhile (keep_awake). Yields where they went, for the
-    record's conditions ({} where nothing was pinned; "kept_awake" where the cores were). PinError
-    where a tree would not stay pinned, with everything put back."""
+    was). The untrusted programs' groups `confined` get the programs' cores as their cpuset, and
+    their own back after: everything in them, children and threads started at any time, runs there
+    and nowhere else. A trusted program's children stay where they are: a baseline's inductor
+    compile workers, still starting up when its window opens, would otherwise take turns with the
+    timed programs on their core. The harness's thread goes on the kept cores left on cuda, if
+    any, and with the drivers on cpu, where its clock is the driver. `awake`: the programs' cores
+    are kept from idling meanwhile (keep_awake). Yields where they went, for the record's
+    conditions ({} where nothing was pinned; "kept_awake" where the cores were). PinError where a
+    trusted program would not stay pinned, with everything put back."""
     program_cores, driver_cores = timing_cores(backend)
     if not program_cores:
         yield {}
@@ -254,10 +250,14 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
     own_cores = (kept - program_cores - driver_cores or kept) if backend == "cuda" else driver_cores
     own = {threading.get_native_id(): os.sched_getaffinity(0)}
     saved: dict[int, set[int]] = {}
+    cpusets: list[tuple[Cgroup, set[int]]] = []
     try:
         _pin(own, own_cores)
-        _pin_trees(programs, program_cores, saved, trees)
-        _pin_trees(drivers, driver_cores, saved)
+        for group in confined:
+            cpusets.append((group, group.cpus()))
+            group.set_cpus(program_cores)
+        _pin_threads(programs, program_cores, saved)
+        _pin_threads(drivers, driver_cores, saved)
         placed = {"program_cores": sorted(program_cores), "driver_cores": sorted(driver_cores)}
         if not awake:
             yield placed
@@ -265,13 +265,17 @@ def timing(programs: Sequence[int], drivers: Sequence[int] = (), backend: str = 
         with keep_awake(program_cores):
             yield {**placed, "kept_awake": True}
     finally:
+        for group, before in cpusets:
+            try:
+                group.set_cpus(before)
+            except OSError:   # its program has ended and its group is gone
+                pass
         for pid in [*programs, *drivers]:
-            for proc in _processes(pid, trees):
-                tids = _threads(proc)
-                first = saved.get(min(tids)) if tids else None
-                for tid in tids:
-                    before = saved.get(tid, first)
-                    if before is not None:
-                        _pin([tid], before)
+            tids = _threads(pid)
+            first = saved.get(min(tids)) if tids else None
+            for tid in tids:
+                before = saved.get(tid, first)
+                if before is not None:
+                    _pin([tid], before)
         for tid, cores in own.items():
             _pin([tid], cores)

@@ -21,7 +21,7 @@ import torch
 from hpc.config import EvalConfig
 from hpc.profile.window import round_spans
 from hpc.profile.timing import CALIBRATION_WARMUP, Call, Failure, LoopResult, modified_input, run_calls, stop_program
-from hpc.sandbox import freeze
+from hpc.sandbox.cgroup import FreezeError
 from hpc.sandbox.exchange import (HEADER_BYTES, MAX_DESCRIPTORS, InputLayout, TensorSpec, align,
                                   huge_page_share, map_fd, read_failure, read_outputs, read_process_memory, set_spinning,
                                   validated_outputs, write_process_memory)
@@ -114,12 +114,15 @@ def burst_for(cfg: EvalConfig, probe_ms: float, per_call_bytes: int, outputs: in
 
 class PairDriver:
     """One worker pair, set up for one task, running calls under the timing protocol. On cpu its
-    program process is kept stopped, with everything below it, while each frame's inputs are
+    program process is kept frozen, with everything in its cgroup, while each frame's inputs are
     published and the cache flushed: a candidate's, so that nothing it left running sees the inputs
     before its clock starts; the baselines' trusted one too, so that its frames and the empty
     program's (the handshake taken off every figure) wake the way the candidate's do."""
 
     def __init__(self, pair: WorkerPair, cfg: EvalConfig):
+        if pair.program.proc.cgroup is None:   # started from inside a sandbox: nothing could hold it
+            raise SandboxError("the program process has no cgroup of its own to hold it in: not evaluated",
+                               FailureKind.HARNESS)
         self.pair, self.cfg = pair, cfg
         self.spin = spinning(cfg)
         self.agent: _HostAgent | None = None
@@ -222,16 +225,20 @@ class _HostAgent:
     A frame's inputs are published and the cache flushed (6.6 ms over 128 MiB here) before its
     clock starts. A thread the candidate left running could watch its slot meanwhile and compute
     the call before it is timed: `early_start` (tests/hacks) did, and was paid 11.4x torch.compile
-    where its honest twin is 1.08x. So the program's process tree is stopped before the first input
-    of a frame is written and let go on once the flush is done, just before t0. Every program is
-    held alike: a process let go on just before t0 answers the go byte sooner than one that blocked
-    through the flush (90.6 against 122.2 µs a frame here, benchmarks/cpu_wake.py), and the empty
-    program's handshake is taken off the candidate's figures."""
+    where its honest twin is 1.08x. So the program's cgroup is frozen before the first input of a
+    frame is written, found still frozen after the flush, and thawed just before t0. The freezer
+    and not SIGSTOP: a program that sends itself SIGCONT (a POSIX timer every millisecond,
+    `sigcont_timer` in tests/hacks) resumed from every stop and computed its frames during the
+    flush, paid 3.8-6.8x eager where its twin is 0.4-0.6x. Every program is held alike: a process
+    let go on just before t0 answers the go byte sooner than one that blocked through the flush
+    (benchmarks/cpu_wake.py), and the empty program's handshake is taken off the candidate's
+    figures."""
 
     def __init__(self, pair: WorkerPair, layout: InputLayout, outputs: list[TensorSpec], per_call: int,
                  batch: int, flush_bytes: int, slot_address: int):
         ex = pair.exchange
         self.ref, self.pid = pair.reference, pair.program.worker_pid
+        self.group = pair.program.proc.cgroup
         self.held = False
         self.layout, self.outputs, self.per_call, self.batch = layout, outputs, per_call, batch
         self.slot_address = slot_address
@@ -259,9 +266,9 @@ class _HostAgent:
         that unmapped or protected it fails the call)."""
         if not self.held:
             try:
-                freeze.stop(self.pid)
-            except freeze.FreezeError as e:
-                raise SandboxError(f"its processes could not be stopped: {e}", FailureKind.RUNTIME) from None
+                self.group.freeze()
+            except FreezeError as e:
+                raise SandboxError(f"its processes could not be frozen: {e}", FailureKind.RUNTIME) from None
             self.held = True
         n, at = self.layout.slot_bytes, index * self.per_call
         if not n:
@@ -281,14 +288,17 @@ class _HostAgent:
         between slots that differed only in where their pages landed; read, 128 MiB, 1.2-4.2%
         (benchmarks/cpu_placement.py, docs/benchmarks.md). numpy's sum is one thread (6.6 ms over
         128 MiB here): torch's would leave its OpenMP workers spinning beside the program timed next.
-        Called last before t0: the held candidate goes on here."""
+        Called last before t0: the held candidate goes on here, once its group is found still frozen."""
         if self.flush_buffer is not None:
             self.flush_words.sum()
+        if self.held and not self.group.frozen():
+            self._release()
+            raise SandboxError("its cgroup was no longer frozen after its inputs were written", FailureKind.RUNTIME)
         self._release()
 
     def _release(self) -> None:
         if self.held:
-            freeze.resume(self.pid)
+            self.group.thaw()
             self.held = False
 
     def capture(self, index: int, call: Call, position: int, calls: int) -> Failure | None:

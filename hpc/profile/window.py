@@ -7,9 +7,9 @@ empty program (the handshake alone, whose median is taken off every figure) are 
 each first runs its warm-up calls, then the timed calls of each are cut into `rounds` chunks and
 every round runs one chunk of each program, in an order the harness draws anew for the round. What
 slows the host for a while slows every program's share of that while, and the ratios the reward
-uses keep their value. While one program runs, the candidate's process and everything below it is
-stopped (hpc.sandbox.freeze): threads or children it left running cannot slow a baseline timed
-beside it, and so raise its own speedup.
+uses keep their value. While one program runs, the candidate's cgroup is frozen
+(hpc.sandbox.cgroup): threads or children it left running cannot slow a baseline timed beside it,
+and so raise its own speedup, and no signal of its own resumes them.
 
 On cpu each program is timed in `timing.processes_cpu` processes of its own in the same window
 (entrants `candidate`, `candidate@1`, ...; `eager`, `eager@1`, ...), each with its share of the
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hpc.profile.timing import Call, Failure, LoopResult, frames, timing_calls
-from hpc.sandbox import freeze
+from hpc.sandbox.cgroup import Cgroup, FreezeError
 from hpc.sandbox.messages import CaptureReply, FailureKind
 from hpc.sandbox.process import SandboxError
 
@@ -52,15 +52,15 @@ class Runs(Protocol):
 @dataclass
 class Entrant:
     """One program in the window: `program` of the process `driver` runs ("" for a candidate's
-    process, whose one program is the candidate). `tree`: the pid of a program process to keep
-    stopped, with everything below it, while the other entrants run (0: none; the candidate's)."""
+    process, whose one program is the candidate). `hold`: the cgroup to keep frozen while the other
+    entrants run (None: none; the candidate's)."""
 
     name: str
     driver: Runs
     program: str
     warmup: list[Call]
     timed: list[Call]
-    tree: int = 0
+    hold: Cgroup | None = None
     checkable: bool = True    # its outputs are the task's (not the empty program)
     graph: bool = False       # its frames replay its captured graph (record_graphs)
 
@@ -155,15 +155,15 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
 
     def run(entrant: Entrant, calls: list[Call]) -> bool:
         for other in entrants:
-            if other.tree and other is not entrant and other.name not in stopped:
+            if other.hold is not None and other is not entrant and other.name not in stopped:
                 try:
-                    freeze.stop(other.tree)
-                except freeze.FreezeError as e:
-                    raise EntrantError(other.name, SandboxError(f"its processes could not be stopped: {e}",
+                    other.hold.freeze()
+                except FreezeError as e:
+                    raise EntrantError(other.name, SandboxError(f"its processes could not be frozen: {e}",
                                                                 FailureKind.RUNTIME)) from None
                 stopped.add(other.name)
         if entrant.name in stopped:
-            freeze.resume(entrant.tree)
+            entrant.hold.thaw()
             stopped.discard(entrant.name)
         try:
             result = entrant.driver.run(calls, program=entrant.program, graph=entrant.graph)
@@ -199,7 +199,7 @@ def run_window(entrants: list[Entrant], rounds: int, rng: random.Random) -> Wind
     finally:
         for entrant in entrants:
             if entrant.name in stopped:
-                freeze.resume(entrant.tree)
+                entrant.hold.thaw()
 
 
 @dataclass

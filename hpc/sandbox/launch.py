@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Iterable
 
 from hpc.profile.cores import compile_cores
-from hpc.sandbox import seccomp, stub
+from hpc.sandbox import cgroup, seccomp, stub
 from hpc.sandbox.tempdirs import owned_tempdir
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Limits:
     memory_bytes: int | None = None      # address space
     file_bytes: int | None = None        # largest file it may write
     open_files: int | None = None
-    processes: int | None = None         # per uid (not enforced on a uid 0 program)
+    processes: int | None = None         # the program's cgroup's tasks (pids.max), and RLIMIT_NPROC per uid
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,8 @@ class Policy:
     landlock: bool = True
     background: bool = False             # lowest CPU priority (SCHED_IDLE), off the cores kept for timing
                                          # (hpc.profile.cores): never slows a timed run beside it
+    memory_bytes: int | None = None      # what its cgroup may hold (memory.max, swap off): every page of its
+                                         # processes, memfd and tmpfs pages included
 
     def __post_init__(self):
         if self.seccomp not in (*seccomp.PROFILES, "off"):
@@ -114,12 +116,16 @@ class Policy:
 class Confined:
     """A started program (Popen-like: `pid` is the stub's, `poll`, `wait`, `returncode`).
 
-    `worker_pid` is the program's host pid; `isolation` what was in force. `kill()` ends the
-    program and everything it started without waiting; `reap()` also waits and then kills the
-    stub's process group (the last layer)."""
+    `worker_pid` is the program's host pid; `isolation` what was in force; `cgroup` its own group
+    (None for a program started from inside a sandbox, which stays in that sandbox's group).
+    `kill()` ends the program and everything it started without waiting; `reap()` also waits,
+    kills the stub's process group (the last layer), reads which cgroup limits the program ran
+    into (`exceeded`) and removes its group."""
 
-    def __init__(self, popen: subprocess.Popen, worker_pid: int, isolation: dict[str, object]):
-        self.popen, self.worker_pid, self.isolation = popen, worker_pid, isolation
+    def __init__(self, popen: subprocess.Popen, worker_pid: int, isolation: dict[str, object],
+                 group: cgroup.Cgroup | None = None):
+        self.popen, self.worker_pid, self.isolation, self.cgroup = popen, worker_pid, isolation, group
+        self.exceeded: list[str] = []
         try:
             self.pidfd: int | None = os.pidfd_open(worker_pid)
         except OSError:   # already gone
@@ -140,6 +146,8 @@ class Confined:
         return self.popen.wait(timeout)
 
     def kill(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.kill()
         if self.pidfd is not None:
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -168,6 +176,11 @@ class Confined:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+        if self.cgroup is not None:
+            self.exceeded = self.cgroup.exceeded()
+            if not self.cgroup.remove():
+                log.warning("sandbox: cgroup %s could not be removed", self.cgroup.name)
+            self.cgroup = None
         return rc
 
 
@@ -176,14 +189,41 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
     """Start `argv` confined by `policy`; returns once it has exec'd (LaunchError if it could not)."""
     if policy.uid is not None and not can_switch_uid():
         raise LaunchError("a uid to run as needs a root harness (with its capabilities)")
+    cpus = sorted(compile_cores()) if policy.background or policy.seccomp in ("strict", "gpu") else None
+    group = _group(policy, cpus)
     spec = {"readable": None if policy.readable is None else [*SYSTEM_READABLE, *policy.readable],
             "writable": None if policy.writable is None else [*SYSTEM_WRITABLE, *policy.writable],
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
             "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock,
             "pid_namespace": policy.pid_namespace, "background": policy.background,
-            "cpus": sorted(compile_cores()) if policy.background or policy.seccomp in ("strict", "gpu")
-                     else None}
+            "cgroup": None if group is None else {"procs": group.procs_files(),
+                                                  "dirs": sorted({str(d) for d in group.dirs.values()}),
+                                                  "freezer": group.versions["freezer"]}}
+    try:
+        return _start(argv, policy, spec, group, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
+    except BaseException:
+        if group is not None:
+            group.remove()
+        raise
+
+
+def _group(policy: Policy, cpus: list[int] | None) -> cgroup.Cgroup | None:
+    """The program's own cgroup; None where this process is itself a confined program (a
+    compile that a sandboxed `python` asks for stays in that sandbox's group, which bounds it).
+    LaunchError where the machine cannot give it one."""
+    limits = cgroup.Limits(memory_bytes=policy.memory_bytes, tasks=policy.limits.processes,
+                           cpus=None if cpus is None else frozenset(cpus))
+    try:
+        return cgroup.Cgroup.create(limits)
+    except cgroup.CgroupUnavailable as e:
+        if cgroup.inside_sandbox():
+            return None
+        raise LaunchError(f"sandbox: {e}") from None
+
+
+def _start(argv: list[str], policy: Policy, spec: dict, group: cgroup.Cgroup | None, *, cwd, env, stdin, stdout,
+           stderr) -> Confined:
     status_r, status_w = os.pipe()
     fds = (*policy.pass_fds, status_w, *(() if policy.join is None else (policy.join,)))
     try:
@@ -204,7 +244,9 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
         popen.wait()
         raise LaunchError(str(report.get("error", "the sandbox stub exited before starting the program")))
     pid = int(report.pop("pid"))
-    return Confined(popen, pid, report)
+    if group is not None:
+        report["cgroup"] = cgroup.support().describe()
+    return Confined(popen, pid, report, group)
 
 
 def _read_reports(fd: int) -> dict:
@@ -225,8 +267,9 @@ def _read_reports(fd: int) -> dict:
 
 
 def run(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[str, str], timeout: float,
-        output_limit: int = 1 << 20) -> tuple[int | None, str]:
-    """Run to completion with stdout and stderr together; (exit code, or None on timeout, output).
+        output_limit: int = 1 << 20) -> tuple[int | None, str, list[str]]:
+    """Run to completion with stdout and stderr together; (exit code, or None on timeout, output,
+    the cgroup limits it ran into: Cgroup.exceeded).
     The output goes through an unlinked file, so a program printing without end costs disk (up
     to its file-size limit), never memory; head and tail are kept past `output_limit`."""
     with tempfile.TemporaryFile() as out:
@@ -246,7 +289,7 @@ def run(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[st
             out.seek(size - output_limit // 2)
             text = (head.decode("utf-8", "replace") + f"\n[... {size - output_limit} bytes ...]\n"
                     + out.read().decode("utf-8", "replace"))
-    return (None if timed_out else rc), text
+    return (None if timed_out else rc), text, proc.exceeded
 
 
 @functools.lru_cache(maxsize=None)

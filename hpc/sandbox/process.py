@@ -79,14 +79,15 @@ def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: lis
         log.warning("sandbox: a worker joins one of uid %s as uid %s", join.isolation.get("uid"), uid)
     launch.give(uid, writable)
     devices = glob.glob("/dev/nvidia*") if backend == "cuda" else []
+    memory = int(cfg.memory_gb * (1 << 30))
     limits = launch.Limits(cpu_seconds=cfg.cpu_seconds, open_files=cfg.max_open_files,
                            file_bytes=cfg.max_file_mb << 20, processes=cfg.max_processes,
-                           memory_bytes=int(cfg.memory_gb * (1 << 30)) if backend == "cpu" else None)
+                           memory_bytes=memory if backend == "cpu" else None)
     return launch.Policy(
         readable=tuple(readable) if cfg.restrict_reads else None,
         writable=tuple(writable + devices) if cfg.restrict_writes else None,
         network=not cfg.isolate_network, seccomp=seccomp_profile(trusted, backend), uid=uid, limits=limits,
-        pass_fds=pass_fds, join=None if join is None else join.pidfd)
+        pass_fds=pass_fds, join=None if join is None else join.pidfd, memory_bytes=memory)
 
 
 @dataclass
@@ -169,6 +170,10 @@ class SandboxedProcess:
         """A pidfd of the worker while it is open (for `join`); None once closed."""
         return self.proc.pidfd
 
+    def processes(self) -> list[int]:
+        """The worker and every process it started (its cgroup's; the worker alone without one)."""
+        return self.proc.cgroup.pids() if self.proc.cgroup is not None else [self.worker_pid]
+
     def restart_clock(self) -> None:
         """Start the wall limit now: a process started ahead of its evaluation gets the whole limit."""
         self.deadline = time.monotonic() + self.cfg.timeout_s
@@ -232,7 +237,7 @@ class SandboxedProcess:
                 pass
         self._final_tail = self.stderr_tail(1 << 16)
         self._stderr.close()
-        self._exit_info = ExitInfo(rc, _describe_exit(rc, self._final_tail))
+        self._exit_info = ExitInfo(rc, _describe_exit(rc, self._final_tail, limits_hit(self.proc.exceeded, self.cfg)))
         return self._exit_info
 
     def stderr_tail(self, limit: int = 1500) -> str:
@@ -270,16 +275,25 @@ def checked_reply(reply: object, expected: type[R], role: str, allowed: frozense
     raise SandboxError(reply["error"], kind)
 
 
-def _describe_exit(rc: int | None, stderr: str) -> str:
+def limits_hit(exceeded: list[str], cfg: SandboxConfig) -> str:
+    """The cgroup limits a worker ran into (hpc.sandbox.cgroup.Cgroup.exceeded), named by their keys."""
+    names = {"memory": f"its memory limit (sandbox.memory_gb = {cfg.memory_gb:g} GiB)",
+             "tasks": f"its task limit (sandbox.max_processes = {cfg.max_processes})"}
+    return " and ".join(names[e] for e in exceeded if e in names)
+
+
+def _describe_exit(rc: int | None, stderr: str, hit: str = "") -> str:
+    if hit:
+        hit = f" (it went over {hit})"
     if rc is not None and rc < 0:
         try:
             name = signal.Signals(-rc).name
         except ValueError:
             name = f"signal {-rc}"
-        what = f"killed by {name}"
+        what = f"killed by {name}{hit}"
         if -rc == signal.SIGXCPU:
             what += " (CPU time limit)"
     else:
-        what = f"exited with code {rc}"
+        what = f"exited with code {rc}{hit}"
     last = stderr.strip().splitlines()[-3:] if stderr.strip() else []
     return what + (": " + " | ".join(last) if last else "")

@@ -6,17 +6,25 @@ under a hundred BPF instructions. libseccomp's own Python binding has no PyPI wh
 system's libseccomp) is unmaintained since 2021, and the rest are forks or alphas. None would
 make this smaller or clearer, and each would add a C library to the sandbox's trusted base.
 
-What is denied, and why (everything else is allowed; Landlock, the namespaces, the uid and the
-rlimits do the rest):
-- socket(AF_UNIX, ...) -> EACCES (strict profile): a pathname UNIX socket of the host (a
-  database, a container runtime, an agent) is reachable through the filesystem, and neither
-  Landlock nor a network namespace mediates connect() to it. socketpair() stays allowed.
-- gpu profile, for an untrusted program on the GPU: the CUDA driver creates an AF_UNIX socket at
+What is denied, and why (everything else is allowed; Landlock, the namespaces, the cgroup, the uid
+and the rlimits do the rest):
+- Sockets are allow-listed, not deny-listed (strict and gpu profiles): a family no rule covers is
+  a way out (AF_VSOCK reaches a virtual machine's host past the network namespace, Landlock's
+  TCP rules and an AF_UNIX check alike; AF_NETLINK, AF_PACKET, AF_BLUETOOTH, ... each its own
+  kernel surface). strict: socket() of every family -> EACCES (a candidate and the agent's bash
+  need none); socketpair() only as AF_UNIX, an anonymous pair that reaches nothing. gpu: socket()
+  only as AF_UNIX, every other family -> EACCES: the CUDA driver creates an AF_UNIX socket at
   init and fails (error 304) when it cannot, then connects to the MPS daemon's socket and goes on
-  without MPS when that answers ENOENT. So socket() is allowed and every way to address a socket
-  of the host is closed: connect() -> ENOENT (what the driver sees on a machine without MPS; the
-  network namespace has nothing else to reach), sendto() with an address -> EACCES, sendmsg() and
-  sendmmsg() -> EACCES (their address is in memory seccomp cannot read).
+  without MPS when that answers ENOENT. So every way to address a socket of the host is closed:
+  connect() -> ENOENT (what the driver sees on a machine without MPS; the network namespace has
+  nothing else to reach), sendto() with an address -> EACCES, sendmsg() and sendmmsg() -> EACCES
+  (their address is in memory seccomp cannot read).
+- SIGCONT sent by the program (kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+  pidfd_send_signal) -> EPERM (strict and gpu): it resumes a stopped process and interrupts a
+  sleeping one, and a program that sent it to itself every millisecond undid the harness's stop.
+  The harness now holds programs with the cgroup freezer, which no signal undoes; this is the
+  second layer. A POSIX timer that delivers SIGCONT cannot be refused here (timer_create's
+  sigevent is in memory seccomp cannot read): it meets the freezer alone.
 - sched_setaffinity -> EPERM (strict and gpu profiles): an untrusted program is timed on the
   cores the harness pins it to, against baselines held alike (hpc.profile.cores); one that could
   move itself, or a thread or child it starts, onto the other cores would run wider than its
@@ -49,6 +57,7 @@ PROFILES = ("strict", "gpu", "trusted")
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_BIT = 0x40000000
 _AF_UNIX = 1
+_SIGCONT = 18
 _CLONE_NEW = (0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
               | 0x00000080)   # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 
@@ -66,7 +75,12 @@ _SYSCALLS = {
     "unshare": (272, 97), "setns": (308, 268),
     "kexec_load": (246, 104), "kexec_file_load": (320, 294), "init_module": (175, 105),
     "finit_module": (313, 273), "delete_module": (176, 106), "sched_setaffinity": (203, 122),
+    "socketpair": (53, 199), "kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131),
+    "rt_sigqueueinfo": (129, 138), "rt_tgsigqueueinfo": (297, 240), "pidfd_send_signal": (424, 424),
 }
+# the signal-sending calls and which argument is the signal
+_SIGNAL_ARG = {"kill": 1, "tkill": 1, "tgkill": 2, "rt_sigqueueinfo": 1, "rt_tgsigqueueinfo": 2,
+               "pidfd_send_signal": 1}
 _DENIED = ("io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "process_vm_readv",
            "process_vm_writev", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
            "mount", "umount2", "pivot_root", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
@@ -114,12 +128,20 @@ def program(profile: str, machine: str) -> list[tuple[int, int, int, int]]:
     prog += [(_JEQ, 0, 1, nr["clone3"]), ret_errno(errno.ENOSYS)]
     prog += [(_JEQ, 0, 4, nr["clone"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JSET, 0, 1, _CLONE_NEW),
              ret_errno(errno.EPERM), (_RET, 0, 0, _RET_ALLOW)]
+    def only_unix(name: str) -> list[tuple[int, int, int, int]]:   # `name`(AF_UNIX, ...) alone
+        return [(_JEQ, 0, 4, nr[name]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ, 1, 0, _AF_UNIX),
+                ret_errno(errno.EACCES), (_RET, 0, 0, _RET_ALLOW)]
+
     if profile in ("strict", "gpu"):
         prog += [(_JEQ, 0, 1, nr["sched_setaffinity"]), ret_errno(errno.EPERM)]
+        for name, arg in _SIGNAL_ARG.items():
+            prog += [(_JEQ, 0, 4, nr[name]), (_LD_W_ABS, 0, 0, _OFF_ARG0 + 8 * arg), (_JEQ, 0, 1, _SIGCONT),
+                     ret_errno(errno.EPERM), (_RET, 0, 0, _RET_ALLOW)]
+        prog += only_unix("socketpair")
     if profile == "strict":
-        prog += [(_JEQ, 0, 4, nr["socket"]), (_LD_W_ABS, 0, 0, _OFF_ARG0), (_JEQ, 0, 1, _AF_UNIX),
-                 ret_errno(errno.EACCES), (_RET, 0, 0, _RET_ALLOW)]
+        prog += [(_JEQ, 0, 1, nr["socket"]), ret_errno(errno.EACCES)]
     if profile == "gpu":
+        prog += only_unix("socket")
         prog += [(_JEQ, 0, 1, nr["connect"]), ret_errno(errno.ENOENT)]
         for name in ("sendmsg", "sendmmsg"):
             prog += [(_JEQ, 0, 1, nr[name]), ret_errno(errno.EACCES)]

@@ -17,8 +17,9 @@ import resource
 import select
 import signal
 import sys
+from pathlib import Path
 
-from hpc.sandbox import landlock, seccomp
+from hpc.sandbox import cgroup, landlock, seccomp
 
 # Without a fresh /proc: the program's own /proc/<pid> and global files that say nothing of others.
 _PROC_GLOBAL = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/loadavg", "/proc/uptime", "/proc/version",
@@ -71,7 +72,7 @@ def main() -> None:
         os.close(fd)
     _say(status_fd, {"pid": pid, **report})
     os.close(status_fd)
-    _kill_when_orphaned(child, harness)
+    orphaned = _kill_when_orphaned(child, harness)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -81,6 +82,8 @@ def main() -> None:
             break
     if not pidns:
         _sweep()
+    if orphaned and spec["cgroup"] is not None:   # else the harness reads what the group ran into, then removes it
+        cgroup.remove_dirs([Path(d) for d in spec["cgroup"]["dirs"]], spec["cgroup"]["freezer"])
     _exit_like(status)
 
 
@@ -100,15 +103,18 @@ def _say(fd: int, message: dict) -> None:
     os.write(fd, json.dumps(message).encode() + b"\n")
 
 
-def _kill_when_orphaned(pidfd: int, harness: int) -> None:
-    """Return when the program has ended; kill it if the harness that started this stub dies first.
-    A program normally ends when its pipes close, but one the harness had stopped (SIGSTOP, while
-    another program of its window was timed) never reads that end: it would stay forever."""
+def _kill_when_orphaned(pidfd: int, harness: int) -> bool:
+    """Return when the program has ended; kill it if the harness that started this stub dies first
+    (and say so). A program normally ends when its pipes close, but one the harness had frozen
+    (while another program of its window was timed) never reads that end: it would stay forever."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
+    orphaned = False
     while not poller.poll(1000):
         if os.getppid() != harness:
+            orphaned = True
             _pidfd_kill(pidfd)
+    return orphaned
 
 
 def _pidfd_kill(pidfd: int) -> None:
@@ -169,6 +175,10 @@ def _enter_namespaces(spec: dict, report: dict) -> bool:
 def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
     """In the forked child, before exec: everything here holds for the program and its descendants."""
     libc = _libc()
+    if spec["cgroup"] is not None:   # first: whatever runs from here on is bounded by the group
+        for procs in spec["cgroup"]["procs"]:
+            with open(procs, "w") as f:
+                f.write("0")
     fresh_proc = False
     if pidns:
         try:
@@ -182,11 +192,6 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
     if spec["background"]:   # inherited by everything it starts (cc1plus, ptxas, ...)
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, 0, 19)
-    if spec["cpus"] and not os.sched_getaffinity(0) <= set(spec["cpus"]):
-        try:   # an untrusted program cannot move itself (seccomp): it starts where compiles may run
-            os.sched_setaffinity(0, spec["cpus"])
-        except PermissionError:   # started by an untrusted program (a compile it asks for): its
-            pass                  # seccomp holds this one where the sandbox it runs in was started
     for name, value in spec["limits"].items():
         which = _LIMITS[name]
         hard = resource.getrlimit(which)[1]

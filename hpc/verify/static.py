@@ -18,9 +18,12 @@ is also what gets linked.
 from __future__ import annotations
 
 import ast
+import codecs
 import importlib
+import io
 import re
 import sys
+import tokenize
 import types
 from collections.abc import Sequence
 from functools import lru_cache
@@ -66,6 +69,24 @@ ALLOWED_DUNDERS = frozenset({"__init__"})   # super().__init__(); every other du
 
 def _dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__")
+
+
+def python_text(data: bytes) -> tuple[str, str]:
+    """The text Python reads from a source file's bytes, and "" ; or ("", why it is refused). Only
+    UTF-8 is read: a declared encoding (PEP 263) makes Python decode the bytes otherwise than a
+    checker that reads them as UTF-8 (with shift_jis, a byte pair that ends a string literal for
+    Python and not for the checker hid imports of os and ctypes), so the check would not read the
+    code that runs."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as e:
+        return "", f"the source's encoding declaration is refused: {e.msg}"
+    if codecs.lookup(encoding).name not in ("utf-8", "utf-8-sig"):
+        return "", f"the source declares the encoding {encoding}: only UTF-8 sources are read"
+    try:
+        return data.decode(encoding), ""
+    except UnicodeDecodeError as e:
+        return "", f"the source is not UTF-8 (byte {e.start} of it)"
 
 
 def source_defect(source: str, filename: str, allowed_libraries: Sequence[str] = ()) -> str:

