@@ -50,8 +50,9 @@ def load_candidate(path: str | Path) -> Candidate:
 
     MissingCandidateError when `path` does not exist; CandidateError when it exists but is no
     candidate: neither a .py file nor a workdir, unreadable, too large, a FIFO or link loop where a
-    file should be, a link out of the workdir, or a file name that is not valid UTF-8 (file names
-    are hashed and stored as text)."""
+    file should be, a link out of the workdir, a single file that is a link (read as root through
+    it, any file of the machine would be the candidate's source), or a file name that is not valid
+    UTF-8 (file names are hashed and stored as text)."""
     path = Path(path)
     what = f"candidate {shown(path)}"
     try:
@@ -80,7 +81,9 @@ def load_candidate(path: str | Path) -> Candidate:
     else:
         if not utf8_name(path.name):
             raise CandidateError(f"{what}: file name is not valid UTF-8")
-        files = {path.name: read_input(path, MAX_BYTES, what, CandidateError)}
+        if path.is_symlink() and os.path.exists(path):   # a loop is named as one by the read
+            raise CandidateError(f"{what}: a symbolic link (name the file it points to)")
+        files = {path.name: read_input(path, MAX_BYTES, what, CandidateError, follow=False)}
         kind = SINGLE_FILE
     h = hashlib.sha256()
     for name, data in sorted(files.items()):

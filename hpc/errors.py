@@ -104,12 +104,14 @@ def utf8_name(name: str) -> bool:
     return True
 
 
-def read_input(path: Path, limit: int, what: str, error: type[UserError]) -> bytes:
+def read_input(path: Path, limit: int, what: str, error: type[UserError], follow: bool = True) -> bytes:
     """The bytes of an input file, at most `limit` of them, or `error` naming `what` and why not:
     missing, a folder, a FIFO, socket or device (opened without blocking, never read), a symbolic
-    link loop, unreadable (root reads files of any mode), or too large (checked before reading)."""
+    link loop (or any link, with `follow` off: the name is opened, never what a link swapped in for
+    it points to), unreadable (root reads files of any mode), or too large (checked before reading)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise error(f"{what}: no such file") from None
     except OSError as e:

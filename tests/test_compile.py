@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -188,6 +189,46 @@ def test_an_object_past_the_cap_is_killed_and_not_cached(tmp_path):
     result = compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache", max_library_mb=256)
     assert not result.ok and "compile.max_library_mb (256 MB)" in result.log, result.log[-500:]
     assert not list((tmp_path / "cache" / "native").glob("*/kernels.so"))
+
+
+# the test's own cap on address space, inherited by the compiler, so that a regression of the
+# compiler's confinement cannot take the machine down (cc1plus once read /dev/zero to 23 GB)
+_CAPPED = """import resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from hpc.compile.native import compile_workdir, default_toolchain
+result = compile_workdir(Path(sys.argv[1]), default_toolchain("cpu"), Path(sys.argv[2]), timeout=60,
+                         memory_gb=float(sys.argv[3]))
+print(result.ok, repr(result.log[-600:]))
+"""
+
+
+def _capped_compile(work: Path, cache: Path, memory_gb: float) -> str:
+    done = subprocess.run([sys.executable, "-c", _CAPPED, str(work), str(cache), str(memory_gb)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom", "/sys/kernel/mm/transparent_hugepage/enabled",
+                                    "/proc/self/maps"])
+def test_a_source_that_includes_a_device_fails_without_reading_it(tmp_path, device):
+    """The compiler reads programs, libraries and headers: no /dev, /sys or /proc."""
+    work = _workdir(tmp_path, {"k.cpp": f'#include "{device}"\nextern "C" void f() {{}}\n'})
+    t0 = time.monotonic()
+    out = _capped_compile(work, tmp_path / "cache", 2.0)
+    assert out.startswith("False") and "Permission denied" in out and time.monotonic() - t0 < 60, out
+
+
+def test_a_compile_past_its_memory_limit_fails_naming_the_key(tmp_path):
+    """Whatever makes the compiler grow is bounded by its cgroup: here the standard library's
+    every header under a 50 MB cap; the same source builds under the default."""
+    work = _workdir(tmp_path, {"k.cpp": '#include <bits/stdc++.h>\nextern "C" int f() {\n'
+                                        '  std::map<int, std::vector<std::string>> m; return (int)m.size(); }\n'})
+    out = _capped_compile(work, tmp_path / "cache", 0.05)
+    assert out.startswith("False") and "went over its memory limit (compile.memory_gb = 0.05 GiB)" in out, out
+    assert not list((tmp_path / "cache" / "native").glob("*/kernels.so"))
+    assert compile_workdir(work, default_toolchain("cpu"), tmp_path / "cache").ok
 
 
 def test_the_max_library_mb_key_is_validated():

@@ -124,6 +124,13 @@ def _kernel_link_out(tmp: Path) -> Path:
     return wd
 
 
+def _link_to_a_secret(tmp: Path) -> Path:
+    """A single file that is a link with another name than its target: read as root through it,
+    /etc/shadow was the candidate's source (and a KeyError, the harness's error)."""
+    (tmp / "x.py").symlink_to("/etc/shadow" if os.path.exists("/etc/shadow") else "/etc/passwd")
+    return tmp / "x.py"
+
+
 def _kernels_is_a_file(tmp: Path) -> Path:
     wd = tmp / "wd"
     wd.mkdir()
@@ -146,7 +153,7 @@ def _huge(tmp: Path) -> Path:
 
 @pytest.mark.parametrize("make, words", [
     (_nul, "null bytes"),
-    (_garbage_model, "syntax error"),
+    (_garbage_model, "the source is not UTF-8"),
     (_non_utf8_name, "r\\xff.py: file name is not valid UTF-8"),
     (_non_utf8_kernel, "kernels/r\\xff.cpp: file name is not valid UTF-8"),
     (_fifo, "f.py: not a regular file"),
@@ -154,6 +161,7 @@ def _huge(tmp: Path) -> Path:
     (_loop, "loop.py: a symbolic link loop"),
     (_kernel_loop, "kernels/k.cpp: a symbolic link loop"),
     (_kernel_link_out, "kernels/secret.h: a link out of the workdir"),
+    (_link_to_a_secret, "x.py: a symbolic link (name the file it points to)"),
     (_kernels_is_a_file, "kernels is not a folder"),
     (_folder_named_py, "workdir has no model_new.py"),
     (_huge, "too large"),
@@ -167,6 +175,7 @@ def test_odd_candidate_is_a_failed_record_printed_and_written(tmp_path, make, wo
     assert one_line(stderr, "failed: static: ") == f"failed: static: {result['reason']}"
     [rec] = read_records(out)
     assert rec.reason == result["reason"] and rec.failed_stage == "static" and rec.reward == -1
+    assert "root:" not in stdout and "root:" not in rec.candidate_source   # no line of a file it linked to
 
 
 def _syntax_error(tmp: Path) -> Path:

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from hpc.config import SandboxConfig
-from hpc.sandbox import landlock
+from hpc.sandbox import landlock, launch
 from hpc.sandbox.messages import Cost, CostReply, Outputs, ReferenceSetup
 from hpc.sandbox.process import SandboxedProcess, SandboxError, isolation_support
 from tests.conftest import RELU_TASK, ROOT
@@ -22,12 +24,11 @@ def confined_python(tmp_path: Path, code: str) -> tuple[int, str]:
     """Run `code` in a child confined exactly like a sandboxed candidate worker (same policy)."""
     import sys
 
-    from hpc.sandbox import launch
     from hpc.sandbox.process import worker_policy
 
     policy = worker_policy(SandboxConfig(), "cpu", tmp_path, [], [])
     rc, out, _ = launch.run([sys.executable, "-c", code], policy, cwd=tmp_path, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": launch.python_path_dir()})
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": launch.python_path_dir()})
     return rc, out
 
 
@@ -179,3 +180,44 @@ def test_a_task_whose_forward_needs_values_is_counted_on_the_device(tmp_path):
                     "def get_inputs():\n    return [torch.randn(32, 32)]\ndef get_init_inputs():\n    return []\n")
     meta, real = _costs(task, tmp_path / "w")
     assert meta.meta_failed is not None and real.flops == 2 * 32 ** 3
+
+
+@pytest.mark.skipif(not launch.can_switch_uid(), reason="needs a root harness")
+def test_giving_a_folder_moves_nothing_outside_it_while_its_folders_are_swapped_for_links(tmp_path):
+    """A root harness hands a workdir to the sandbox's uid while a program of that uid swaps a
+    folder in it for a link to a folder outside, again and again: the walk goes by descriptors,
+    so the outside file keeps its owner (walking by paths, one was given away in 4 s)."""
+    import threading
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("root's")
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    for k in range(50):
+        (work / "sub" / f"f{k}").write_text("x")
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            try:
+                os.rename(work / "sub", work / "real")
+                os.symlink(outside, work / "sub")
+                os.unlink(work / "sub")
+                os.rename(work / "real", work / "sub")
+            except OSError:
+                pass
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        deadline = time.monotonic() + 3
+        walks = 0
+        while time.monotonic() < deadline:
+            launch.give(65534, [work])
+            walks += 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert walks > 10
+    assert os.stat(outside / "secret").st_uid == 0 and os.stat(outside).st_uid == 0

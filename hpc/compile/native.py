@@ -7,9 +7,9 @@ sources, the flags, the target arch and the compiler's own version string, so a 
 can never hand back an object built differently.
 
 The compiler runs confined like a worker (hpc/sandbox/launch.py), since a source steers it
-(`#include "/abs/path"`, `.incbin`): it reads only the system (toolchain, headers), CUDA, the
-toolchain's own -I/-L folders and its build folder, a private copy of the sources, and writes
-only that folder; it has no network, a minimal environment, and runs as `sandbox.run_as_uid`
+(`#include "/abs/path"`, `.incbin`): it reads only the system's programs, libraries and headers
+(launch.TOOLCHAIN_SYSTEM: no /dev, /proc, /sys or home folder), CUDA, the toolchain's own -I/-L
+folders and its build folder, a private copy of the sources, and writes only that folder; it has no network, a minimal environment, and runs as `sandbox.run_as_uid`
 where the harness is root. Each compiler run is pid 1 of its own PID namespace, so a timeout
 ends its whole tree (cc1plus, cicc, as), and each runs in a cgroup of its own whose memory is
 bounded (`compile.memory_gb`): a source that makes the compiler grow without end (`#include` of
@@ -169,7 +169,8 @@ class _Confinement:
         writable = () if self.build is None else (str(self.build),)
         policy = launch.Policy(readable=(*self.readable, *writable), writable=writable, uid=self.uid,
                                limits=launch.Limits(file_bytes=self.max_bytes, processes=COMPILE_TASKS),
-                               background=True, memory_bytes=int(self.memory_gb * (1 << 30)))
+                               background=True, memory_bytes=int(self.memory_gb * (1 << 30)),
+                               system=launch.TOOLCHAIN_SYSTEM, proc=False)
         env = {k: os.environ[k] for k in _ENV_KEYS if k in os.environ}
         home = str(self.build or "/")
         env.update(TMPDIR=home, HOME=home)

@@ -70,6 +70,10 @@ SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32
                        "nsswitch.conf", "host.conf", "hosts", "resolv.conf", "gai.conf", "localtime", "timezone",
                        "os-release", "debian_version", "lsb-release", "mime.types", "locale.alias", "ssl")))
 SYSTEM_WRITABLE = ("/dev/null",)
+# What a compiler reads of the system: programs, libraries, headers and the loader's files; no
+# device (`#include "/dev/zero"` drove cc1plus to 23 GB), no /sys, no /proc, no home folder.
+TOOLCHAIN_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                    *(f"/etc/{name}" for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives")))
 
 
 
@@ -90,8 +94,9 @@ class Limits:
 
 @dataclass(frozen=True)
 class Policy:
-    """What a confined program may do. Paths are added to SYSTEM_READABLE / SYSTEM_WRITABLE and the
-    program's own /proc entries; `readable` None leaves reads unconfined, `writable` None writes."""
+    """What a confined program may do. Paths are added to `system` (SYSTEM_READABLE unless said) /
+    SYSTEM_WRITABLE and, with `proc`, the program's own /proc entries; `readable` None leaves reads
+    unconfined, `writable` None writes."""
 
     readable: tuple[str, ...] | None = ()
     writable: tuple[str, ...] | None = ()
@@ -107,6 +112,8 @@ class Policy:
                                          # (hpc.profile.cores): never slows a timed run beside it
     memory_bytes: int | None = None      # what its cgroup may hold (memory.max, swap off): every page of its
                                          # processes, memfd and tmpfs pages included
+    system: tuple[str, ...] = SYSTEM_READABLE   # what it reads of the system (TOOLCHAIN_SYSTEM: a compiler's)
+    proc: bool = True                    # it reads its own /proc entries
 
     def __post_init__(self):
         if self.seccomp not in (*seccomp.PROFILES, "off"):
@@ -191,7 +198,7 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
         raise LaunchError("a uid to run as needs a root harness (with its capabilities)")
     cpus = sorted(compile_cores()) if policy.background or policy.seccomp in ("strict", "gpu") else None
     group = _group(policy, cpus)
-    spec = {"readable": None if policy.readable is None else [*SYSTEM_READABLE, *policy.readable],
+    spec = {"readable": None if policy.readable is None else [*policy.system, *policy.readable], "proc": policy.proc,
             "writable": None if policy.writable is None else [*SYSTEM_WRITABLE, *policy.writable],
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
@@ -405,12 +412,18 @@ def _mode_allows(path: str, uid: int, want: int) -> bool:
 
 
 def give(uid: int | None, paths: Iterable[str | os.PathLike]) -> None:
-    """Make `paths` (and everything beneath, links not followed) owned by `uid`, for writing."""
+    """Make `paths` (and everything beneath, links not followed) owned by `uid`, for writing. The
+    walk goes by folder descriptors (os.fwalk), each name changed relative to its folder's: a
+    program of that uid that swaps a folder for a link while the walk runs (a root harness walks
+    it) moves nothing outside."""
     if uid is None:
         return
     for root in paths:
         os.chown(root, uid, uid, follow_symlinks=False)
         if os.path.isdir(root) and not os.path.islink(root):
-            for folder, dirs, files in os.walk(root):
+            for _folder, dirs, files, folder_fd in os.fwalk(root, follow_symlinks=False):
                 for name in dirs + files:
-                    os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+                    try:
+                        os.chown(name, uid, uid, dir_fd=folder_fd, follow_symlinks=False)
+                    except FileNotFoundError:   # removed meanwhile
+                        pass

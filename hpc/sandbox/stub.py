@@ -200,7 +200,7 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
     abi = landlock.abi_version() if spec["landlock"] else 0
     ruleset = None
     if abi and (spec["readable"] is not None or spec["writable"] is not None):
-        proc_read = ["/proc"] if fresh_proc else ["/proc/self", *_PROC_GLOBAL]
+        proc_read = [] if not spec["proc"] else ["/proc"] if fresh_proc else ["/proc/self", *_PROC_GLOBAL]
         readable = None if spec["readable"] is None else [*spec["readable"], *proc_read]
         writable = None if spec["writable"] is None else [*spec["writable"], "/proc/self/task"]
         ruleset = landlock.Ruleset(readable, writable, abi)
