@@ -54,16 +54,19 @@ class Ruleset:
     """Rules whose paths are opened now (O_PATH) and enforced later by `enforce`, so a rule can
     name a folder the process can no longer reach once it has dropped its uid.
 
-    `readable` None: reads are not confined; `writable` None: writes are not confined. Paths
-    that do not exist are skipped."""
+    `readable` None: reads are not confined; `writable` None: writes are not confined;
+    `listable`: folders whose entries may be listed (everywhere beneath them) but whose files are
+    read only where `readable` says. Paths that do not exist are skipped."""
 
-    def __init__(self, readable: list[str] | None, writable: list[str] | None, abi: int):
+    def __init__(self, readable: list[str] | None, writable: list[str] | None, abi: int,
+                 listable: list[str] = ()):
         self.abi = abi
         write = _WRITE_V1 | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0)
         self.handled = (_READ if readable is not None else 0) | (write if writable is not None else 0)
         self._rules: list[tuple[int, int, str]] = []
         try:
-            for paths, rights in ((readable or [], _READ), (writable or [], _READ | write)):
+            for paths, rights in ((readable or [], _READ), (writable or [], _READ | write),
+                                  (listable if readable is not None else [], _READ_DIR)):
                 for path in paths:
                     try:
                         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)

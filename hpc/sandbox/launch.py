@@ -114,6 +114,7 @@ class Policy:
                                          # processes, memfd and tmpfs pages included
     system: tuple[str, ...] = SYSTEM_READABLE   # what it reads of the system (TOOLCHAIN_SYSTEM: a compiler's)
     proc: bool = True                    # it reads its own /proc entries
+    unreadable: tuple[str, ...] = ()     # folders inside `readable` whose files it may not read (listed only)
 
     def __post_init__(self):
         if self.seccomp not in (*seccomp.PROFILES, "off"):
@@ -198,7 +199,9 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
         raise LaunchError("a uid to run as needs a root harness (with its capabilities)")
     cpus = sorted(compile_cores()) if policy.background or policy.seccomp in ("strict", "gpu") else None
     group = _group(policy, cpus)
-    spec = {"readable": None if policy.readable is None else [*policy.system, *policy.readable], "proc": policy.proc,
+    readable, listable = ((None, []) if policy.readable is None
+                          else carve([*policy.system, *policy.readable], policy.unreadable))
+    spec = {"readable": readable, "listable": listable, "proc": policy.proc,
             "writable": None if policy.writable is None else [*SYSTEM_WRITABLE, *policy.writable],
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
@@ -213,6 +216,28 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
         if group is not None:
             group.remove()
         raise
+
+
+def carve(readable: list[str], unreadable: Iterable[str]) -> tuple[list[str], list[str]]:
+    """`readable` less the folders `unreadable` and all beneath them, as Landlock takes it: (what
+    may be read, the folders on the way that may only be listed). A folder holding an unreadable
+    one is replaced by its entries, down to the unreadable one; its entries stay listable, so
+    Python's import system still lists the package around it (and finds the module it cannot read)."""
+    hidden = [os.path.realpath(p) for p in unreadable]
+    out, listable, work = [], [], [os.path.realpath(p) for p in readable]
+    while work:
+        root = work.pop()
+        if any(root == h or root.startswith(h + os.sep) for h in hidden):
+            continue
+        if not any(h.startswith(root.rstrip(os.sep) + os.sep) for h in hidden) or not os.path.isdir(root):
+            out.append(root)
+            continue
+        listable.append(root)
+        try:
+            work += [os.path.realpath(os.path.join(root, name)) for name in os.listdir(root)]
+        except OSError:
+            continue
+    return sorted(set(out)), sorted(set(listable))
 
 
 def _group(policy: Policy, cpus: list[int] | None) -> cgroup.Cgroup | None:

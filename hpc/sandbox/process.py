@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import glob
+import importlib.util
 import logging
 import os
 import signal
@@ -55,6 +56,20 @@ def isolation_support() -> dict[str, object]:
     return {**launch.probe(), "run_as_uid": launch.run_as(SandboxConfig().run_as_uid, launch.python_readable())}
 
 
+@functools.lru_cache(maxsize=1)
+def compilers_of_torch() -> tuple[str, ...]:
+    """torch's own compilers, which a candidate's process may not read (so cannot import): dynamo
+    and inductor. A candidate that torch.compiled the task's expression at import and called
+    inductor's kernels in its timed frames was paid 3, 2, 2: the op monitor sees aten ops, not
+    inductor's generated code, and the static check that refused torch.compile was the only guard.
+    Neither `import torch`, load_inline nor the harness's worker code imports them."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    root = list(spec.submodule_search_locations)[0]
+    return tuple(os.path.join(root, name) for name in ("_dynamo", "_inductor") if os.path.isdir(os.path.join(root, name)))
+
+
 def seccomp_profile(trusted: bool, backend: str) -> str:
     """strict (no AF_UNIX sockets) for an untrusted program off the GPU; gpu (sockets, but no
     connect and no addressed send) on it, since the CUDA driver fails at init without an AF_UNIX
@@ -85,6 +100,7 @@ def worker_policy(cfg: SandboxConfig, backend: str, workdir: Path, readable: lis
                            memory_bytes=memory if backend == "cpu" else None)
     return launch.Policy(
         readable=tuple(readable) if cfg.restrict_reads else None,
+        unreadable=() if trusted else compilers_of_torch(),
         writable=tuple(writable + devices) if cfg.restrict_writes else None,
         network=not cfg.isolate_network, seccomp=seccomp_profile(trusted, backend), uid=uid, limits=limits,
         pass_fds=pass_fds, join=None if join is None else join.pidfd, memory_bytes=memory)

@@ -203,7 +203,7 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
         proc_read = [] if not spec["proc"] else ["/proc"] if fresh_proc else ["/proc/self", *_PROC_GLOBAL]
         readable = None if spec["readable"] is None else [*spec["readable"], *proc_read]
         writable = None if spec["writable"] is None else [*spec["writable"], "/proc/self/task"]
-        ruleset = landlock.Ruleset(readable, writable, abi)
+        ruleset = landlock.Ruleset(readable, writable, abi, spec["listable"])
     if spec["uid"] is not None:
         os.setgroups([])
         os.setresgid(spec["uid"], spec["uid"], spec["uid"])
