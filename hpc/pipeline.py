@@ -41,6 +41,7 @@ from hpc.profile.window import (Entrant, EntrantError, Recording, Window, fastes
                                 timed_by)
 from hpc.results.record import STOP_AFTER, EvalRecord, StopAfter
 from hpc.reward import compute_reward
+from hpc.sandbox.launch import LaunchError
 from hpc.sandbox.messages import FailureKind
 from hpc.sandbox.prestart import WorkerPair, harness_file, window_pids, worker_pair
 from hpc.sandbox.process import SandboxError
@@ -194,9 +195,13 @@ def _compile(rec: EvalRecord, candidate: Candidate, cfg: EvalConfig, cand_dir: P
     if candidate.kind == SINGLE_FILE:
         return {"TORCH_EXTENSIONS_DIR": str(extension_dirs[0]), "MAX_JOBS": str(len(os.sched_getaffinity(0)))}
     toolchain = default_toolchain(cfg.backend, cfg.compile.cuda_arch, link_flags(cfg.rules.libraries))
-    result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s,
-                             max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid,
-                             memory_gb=cfg.compile.memory_gb)
+    try:
+        result = compile_workdir(cand_dir, toolchain, cfg.cache_path(), timeout=cfg.compile.timeout_s,
+                                 max_library_mb=cfg.compile.max_library_mb, run_as_uid=cfg.sandbox.run_as_uid,
+                                 memory_gb=cfg.compile.memory_gb)
+    except LaunchError as e:   # this machine's, not the candidate's
+        rec.fail("compile", f"the compiler could not be started confined: {e}", "error")
+        return {}
     rec.compile_seconds, rec.compile_cached, rec.compile_log = result.seconds, result.cached, result.log[-4000:]
     if not result.ok:
         rec.fail("compile", _first_error(result.log))

@@ -397,6 +397,47 @@ def test_a_root_harness_runs_programs_as_the_uid_and_can_still_read_their_memory
         proc.reap()
 
 
+@needs_root
+def test_a_folder_the_uid_may_not_search_is_covered_for_the_program_alone(tmp_path):
+    """Python under a root's home of mode 700: the folder is covered, in the program's own mount
+    namespace, by one that holds only the entries on the way to what it reads; the rest of it is
+    not there, and the harness's own view is unchanged."""
+    locked = tmp_path / "locked"
+    (locked / "needed").mkdir(parents=True)
+    (locked / "needed" / "file").write_text("readable")
+    (locked / "other").write_text("root's")
+    (locked / "needed").chmod(0o755)
+    (locked / "needed" / "file").chmod(0o644)
+    locked.chmod(0o700)
+    code = f"ls -a {locked}; cat {locked}/needed/file; cat {locked}/other || echo no-other; id -u"
+    rc, out, _ = launch.run(["sh", "-c", code], launch.Policy(readable=(str(locked / "needed"),), uid=65534),
+                            cwd="/", env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert rc == 0 and "readable" in out and "no-other" in out and "65534" in out, out
+    assert "other" not in out.split("readable")[0], out    # the listing of the covered folder
+    assert sorted(os.listdir(locked)) == ["needed", "other"] and (locked / "other").read_text() == "root's"
+
+
+@needs_root
+def test_a_path_the_uid_cannot_read_itself_is_refused_in_one_line_never_run_as_root(tmp_path):
+    private = tmp_path / "task.py"
+    private.write_text("x = 1\n")
+    private.chmod(0o600)
+    with pytest.raises(SandboxError) as refused:
+        SandboxedProcess("reference", tmp_path / "work", SandboxConfig(), "cpu", readable=(private,))
+    assert "uid 65534 cannot read" in refused.value.reason and "chmod" in refused.value.reason
+    assert "\n" not in refused.value.reason
+
+
+@needs_root
+def test_every_confined_worker_runs_as_the_sandbox_uid(tmp_path):
+    """Wherever the interpreter lives (here: under a root home of mode 700), no worker is uid 0."""
+    with SandboxedProcess("reference", tmp_path / "work", SandboxConfig(), "cpu") as proc:
+        with open(f"/proc/{proc.worker_pid}/status") as f:
+            ids = {ln.split(":")[0]: ln.split()[1:] for ln in f if ln.startswith(("Uid:", "Gid:"))}
+        assert proc.isolation["uid"] == 65534
+        assert set(ids["Uid"]) == {"65534"} and set(ids["Gid"]) == {"65534"}, ids
+
+
 # -- the real evaluator ----------------------------------------------------------------------------
 
 KERNEL_ATTACK = r"""

@@ -398,8 +398,11 @@ def test_monitor_cleared_by_inline_cpp_at_import_is_rejected(tmp_path, config, p
 def test_torch_compile_cannot_run_in_a_candidates_process(config, past_the_static_check):
     """tests/hacks/inductor_at_import compiles the task's expression at import and calls inductor's
     kernels once its trials are over: past the static check it was paid 3, 2, 2. A candidate's
-    process cannot read torch's compilers (dynamo, inductor), so it fails at load, by the kernel's
-    word, whatever its Python did to get there."""
+    process cannot read inductor's compiler, so it fails at load, by the kernel's word, whatever its
+    Python did to get there; an honest one still loads (dynamo, which torch enters for every
+    dispatch mode, stays readable)."""
     rec = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "hacks" / "inductor_at_import"), config)
     assert rec.status == "failed" and rec.failed_stage == "load" and rec.reward == -1, rec.reason
-    assert "Permission denied" in rec.reason and "torch/_dynamo" in rec.reason, rec.reason
+    assert "Permission denied" in rec.reason and "torch/_inductor/" in rec.reason, rec.reason
+    honest = evaluate(load_task(RELU_TASK), load_candidate(TESTS / "fixtures" / "honest_relu"), config)
+    assert honest.status == "ok" and honest.reward >= 1, honest.reason

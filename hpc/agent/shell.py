@@ -58,7 +58,10 @@ def run_bash(command: str, workdir: Path, scratch: Path, log: Path, cfg: BashCon
     scratch.mkdir(parents=True, exist_ok=True)
     readable = [*launch.python_readable(), str(workdir), str(scratch), *cfg.readable]
     writable = [str(workdir), str(scratch)]
-    uid = launch.run_as(SandboxConfig().run_as_uid, readable, writable)
+    try:
+        uid = launch.run_as(SandboxConfig().run_as_uid, readable, writable)
+    except launch.LaunchError as e:
+        raise ShellUnavailable(f"bash could not start in its sandbox: {e}") from None
     launch.give(uid, writable)   # files the harness wrote since the last call stay editable
     devices = glob.glob("/dev/nvidia*") if cfg.gpu and backend == "cuda" else []
     limits = launch.Limits(cpu_seconds=cfg.cpu_seconds, file_bytes=cfg.max_file_mb << 20,

@@ -285,7 +285,7 @@ def compile_workdir(workdir: Path, toolchain: Toolchain, cache_dir: Path, timeou
         for p in sources + headers:
             _copy_regular(p, build / p.name)
         readable = tuple(toolchain_readable(toolchain))
-        uid = launch.run_as(run_as_uid, readable, [str(build)])
+        uid = launch.run_as(run_as_uid, readable, [str(build)])   # LaunchError: this machine's to fix
         launch.give(uid, [build])
         confined = _Confinement(readable, build, max_bytes, uid, memory_gb)
         objects = [build / (s.name + ".o") for s in sources]

@@ -201,12 +201,13 @@ def spawn(argv: list[str], policy: Policy, *, cwd: str | os.PathLike, env: dict[
     group = _group(policy, cpus)
     readable, listable = ((None, []) if policy.readable is None
                           else carve([*policy.system, *policy.readable], policy.unreadable))
-    spec = {"readable": readable, "listable": listable, "proc": policy.proc,
-            "writable": None if policy.writable is None else [*SYSTEM_WRITABLE, *policy.writable],
+    writable = None if policy.writable is None else [*SYSTEM_WRITABLE, *policy.writable]
+    spec = {"readable": readable, "listable": listable, "proc": policy.proc, "writable": writable,
             "network": policy.network, "seccomp": policy.seccomp, "uid": policy.uid,
             "limits": {k: v for k, v in asdict(policy.limits).items() if v is not None},
             "pass_fds": list(policy.pass_fds), "join": policy.join, "landlock": policy.landlock,
             "pid_namespace": policy.pid_namespace, "background": policy.background,
+            "reach": [*(readable or []), *(writable or []), str(cwd), _program_path(argv[0], env)],
             "cgroup": None if group is None else {"procs": group.procs_files(),
                                                   "dirs": sorted({str(d) for d in group.dirs.values()}),
                                                   "freezer": group.versions["freezer"]}}
@@ -238,6 +239,13 @@ def carve(readable: list[str], unreadable: Iterable[str]) -> tuple[list[str], li
         except OSError:
             continue
     return sorted(set(out)), sorted(set(listable))
+
+
+def _program_path(name: str, env: dict[str, str]) -> str:
+    """Where `name` is found on the program's PATH (itself when it holds a slash or is not found)."""
+    if "/" in name:
+        return name
+    return shutil.which(name, path=env.get("PATH", os.defpath)) or name
 
 
 def _group(policy: Policy, cpus: list[int] | None) -> cgroup.Cgroup | None:
@@ -387,17 +395,18 @@ def python_path_dir() -> str:
 # -- the uid a root harness runs programs as -----------------------------------------------------
 
 def run_as(uid: int, readable: Iterable[str], writable: Iterable[str] = ()) -> int | None:
-    """`uid` when this harness is root and `uid` can reach every path (read `readable`, traverse
-    to `writable`, which the caller hands to it with `give`); else None: the program stays root,
-    without capabilities."""
+    """`uid` when this harness is root (None otherwise, and for `uid` -1: the config's choice to
+    stay uid 0, without capabilities). The folders above every path that `uid` may not search are
+    covered for the program alone (the stub's `_reach`), and `writable` is handed to it by the
+    caller (`give`); LaunchError, in one line, where `uid` cannot read a path of `readable` itself:
+    never a silent fallback to root."""
     if uid < 0 or not can_switch_uid():
         return None
-    missing = [p for p in readable if os.path.exists(p) and not _reachable(uid, p, os.R_OK)]
-    missing += [p for p in writable if os.path.exists(os.path.dirname(p) or "/")
-                and not _reachable(uid, os.path.dirname(os.path.abspath(p)), 0)]
-    if missing:
-        _warn_once(uid, missing[0])
-        return None
+    for path in readable:
+        if os.path.exists(path) and not _mode_allows(os.path.realpath(path), uid,
+                                                     os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+            raise LaunchError(f"uid {uid} cannot read {path}: make it readable to others (chmod -R o+rX), or set "
+                              f"sandbox.run_as_uid: -1 to run confined programs as uid 0 without capabilities")
     return uid
 
 
@@ -406,25 +415,6 @@ def can_switch_uid() -> bool:
     """Root with the capabilities to change uid and hand files over (not so inside a sandbox)."""
     needed = (1 << 0) | (1 << 6) | (1 << 7)   # CAP_CHOWN, CAP_SETGID, CAP_SETUID
     return os.geteuid() == 0 and stub.capabilities("CapEff") & needed == needed
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_once(uid: int, path: str) -> None:
-    log.warning("sandbox: uid %d cannot reach %s; confined programs that need it keep uid 0 "
-                "(without capabilities)", uid, path)
-
-
-def _reachable(uid: int, path: str, want: int) -> bool:
-    """Whether `uid` (with gid `uid`, no other groups) can search every folder down to `path`
-    and has `want` on it; by mode bits, for the path as written and as resolved."""
-    for p in {os.path.abspath(path), os.path.realpath(path)}:
-        parts = Path(p).parts
-        for i in range(1, len(parts)):
-            if not _mode_allows(os.path.join(*parts[:i]), uid, os.X_OK):
-                return False
-        if want and not _mode_allows(p, uid, want | (os.X_OK if os.path.isdir(p) else 0)):
-            return False
-    return True
 
 
 def _mode_allows(path: str, uid: int, want: int) -> bool:

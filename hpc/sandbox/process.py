@@ -52,22 +52,34 @@ class SandboxError(Exception):
 @functools.lru_cache(maxsize=None)
 def isolation_support() -> dict[str, object]:
     """What this machine lets us use: probed once per harness process, recorded with results.
-    `run_as_uid`: the uid workers run as under the default config (None: they stay uid 0)."""
-    return {**launch.probe(), "run_as_uid": launch.run_as(SandboxConfig().run_as_uid, launch.python_readable())}
+    `run_as_uid`: the uid workers run as under the default config (None: they stay uid 0, or, for
+    a root harness, cannot start: `run_as_refused` says why)."""
+    try:
+        return {**launch.probe(), "run_as_uid": launch.run_as(SandboxConfig().run_as_uid, launch.python_readable())}
+    except launch.LaunchError as e:
+        return {**launch.probe(), "run_as_uid": None, "run_as_refused": str(e)}
+
+
+# inductor's compiler proper: its entry point, graph lowering, scheduling, code generation, the
+# build and load of what it generates and of compiled graphs from its cache. Not the parts that
+# `import torch._dynamo` takes (config, utils, cpp_builder, ...), which torch enters for every
+# TorchDispatchMode (the harness's trials run under one), so dynamo itself stays readable.
+_INDUCTOR_COMPILER = ("compile_fx.py", "graph.py", "scheduler.py", "lowering.py", "codegen", "kernel", "codecache.py",
+                      "output_code.py", "async_compile.py", "compile_worker")
 
 
 @functools.lru_cache(maxsize=1)
 def compilers_of_torch() -> tuple[str, ...]:
-    """torch's own compilers, which a candidate's process may not read (so cannot import): dynamo
-    and inductor. A candidate that torch.compiled the task's expression at import and called
-    inductor's kernels in its timed frames was paid 3, 2, 2: the op monitor sees aten ops, not
-    inductor's generated code, and the static check that refused torch.compile was the only guard.
-    Neither `import torch`, load_inline nor the harness's worker code imports them."""
+    """Inductor's compiler, which a candidate's process may not read (so cannot run): a candidate
+    that torch.compiled the task's expression at import and called inductor's kernels in its
+    timed frames was paid 3, 2, 2; the op monitor sees aten ops, not inductor's generated code, and
+    the static check that refused torch.compile was the only guard. Without these no backend of
+    torch.compile runs (aot_autograd imports codecache)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return ()
-    root = list(spec.submodule_search_locations)[0]
-    return tuple(os.path.join(root, name) for name in ("_dynamo", "_inductor") if os.path.isdir(os.path.join(root, name)))
+    inductor = os.path.join(list(spec.submodule_search_locations)[0], "_inductor")
+    return tuple(p for p in (os.path.join(inductor, name) for name in _INDUCTOR_COMPILER) if os.path.exists(p))
 
 
 def seccomp_profile(trusted: bool, backend: str) -> str:

@@ -25,7 +25,7 @@ from hpc.sandbox import cgroup, landlock, seccomp
 _PROC_GLOBAL = ("/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/loadavg", "/proc/uptime", "/proc/version",
                 "/proc/filesystems", "/proc/devices", "/proc/sys", "/proc/driver/nvidia")
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 12, 1 << 14, 1 << 18
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT = 1, 24, 28, 47
 _PR_SET_CHILD_SUBREAPER, _PR_CAP_AMBIENT_CLEAR_ALL = 36, 4
 _SECBITS = 0b11000011   # NOROOT, NO_CAP_AMBIENT_RAISE and their locks: exec as root grants nothing
@@ -179,16 +179,17 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
         for procs in spec["cgroup"]["procs"]:
             with open(procs, "w") as f:
                 f.write("0")
-    fresh_proc = False
+    fresh_proc = private = False
     if pidns:
         try:
             _unshare(_CLONE_NEWNS)
-            if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0 or libc.mount(
-                    b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
+            private = libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) == 0
+            if not private or libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
                 raise OSError(ctypes.get_errno(), "mount failed")
             fresh_proc = True
         except OSError:
             pass
+    shadowed = [] if spec["uid"] is None else _reach(spec["reach"], spec["uid"], private)
     if spec["background"]:   # inherited by everything it starts (cc1plus, ptxas, ...)
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, 0, 19)
@@ -224,10 +225,53 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
         else:
             seccomp.install(profile)
     return {"proc": "fresh" if fresh_proc else "host", "landlock_abi": abi if ruleset is not None else 0,
+            "shadowed": shadowed,
             "reads_confined": ruleset is not None and spec["readable"] is not None,
             "writes_confined": ruleset is not None and spec["writable"] is not None,
             "seccomp": profile, "uid": os.getuid(),
             "capabilities": os.geteuid() == 0 and capabilities("CapBnd") != 0}
+
+
+def _searchable(path: str, uid: int) -> bool:
+    """Whether `uid` (gid `uid`, no other groups) may search the folder `path`, by its mode bits."""
+    st = os.stat(path)
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == uid else 0
+    return bool((st.st_mode >> shift) & 1)
+
+
+def _reach(paths: list[str], uid: int, private: bool) -> list[str]:
+    """Let `uid` reach `paths` through folders it may not search (the interpreter under a root's
+    home of mode 700, say), in this process's own mount namespace and nowhere else: each such
+    folder is covered by an empty tmpfs it may search, holding only the entries on the way to
+    `paths`, each bound back from the real one. Nothing else of the covered folder is there; what
+    the program may read beneath is still Landlock's to say. Returns the covered folders."""
+    targets = sorted({os.path.realpath(p) for p in paths if os.path.exists(p)})
+    blocked = {"/".join(parts[:i]) for parts in (t.split("/") for t in targets) for i in range(2, len(parts))}
+    blocked = sorted((b for b in blocked if not _searchable(b, uid)), key=lambda b: b.count("/"))
+    if not blocked:
+        return []
+    libc = _libc()
+    if not private:
+        _unshare(_CLONE_NEWNS)
+        if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
+    for folder in blocked:
+        names = sorted({t[len(folder) + 1:].split("/")[0] for t in targets if t.startswith(folder + "/")})
+        held = {name: os.open(os.path.join(folder, name), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC) for name in names}
+        st = os.stat(folder)
+        options = f"mode=0755,uid={st.st_uid},gid={st.st_gid},size=64k".encode()
+        if libc.mount(b"tmpfs", folder.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot cover {folder}")
+        for name, fd in held.items():
+            entry = os.path.join(folder, name)
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.mkdir(entry)
+            else:
+                open(entry, "w").close()
+            if libc.mount(f"/proc/self/fd/{fd}".encode(), entry.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot bind {entry} back")
+            os.close(fd)
+    return blocked
 
 
 def _drop_capabilities() -> None:
