@@ -49,6 +49,14 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 
+@pytest.fixture(autouse=True)
+def _readable_tmp_path(request) -> None:
+    """pytest makes each tmp_path of mode 700; a test's files there are what its confined programs
+    read, as uid 65534 under a root harness (hpc.sandbox.launch.run_as), as a user's task folder is."""
+    if "tmp_path" in request.fixturenames:
+        request.getfixturevalue("tmp_path").chmod(0o755)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("hpc-cache")

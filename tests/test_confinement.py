@@ -110,7 +110,9 @@ for path in [{str(secret)!r}, {str(shipped)!r}, {str(Path.home() / '.cache')!r},
 result = got
 """)
     assert "own" in out and "SHIPPED-SOLUTION-TEXT" not in out and "class ModelNew" not in out
-    assert out.count("denied 13") >= 3, out
+    # denied by Landlock (13), or not there at all (2: a folder the sandbox uid may not search is
+    # covered for the program, and what it does not need of it is not in its view)
+    assert out.count("denied 13") + out.count("denied 2") >= 4 and "denied 13" in out, out
 
 
 # -- sockets, processes, syscalls ---------------------------------------------------------------

@@ -182,13 +182,17 @@ def test_a_candidate_that_spins_between_its_calls_does_not_slow_its_baselines(fa
     """baseline_spinner spins whenever its own forward has not run for 15 ms, sending itself SIGCONT
     every millisecond: held by SIGSTOP, eager and torch.compile ran 1.74-1.79x slower in its window.
     Frozen in its cgroup while they run, its baselines run as an honest candidate's do (back to
-    back on one machine, so a margin for the host's drift between two evaluations)."""
+    back on one machine, alternating twice, each one's least figure: what the machine's other work
+    adds to one evaluation is not the candidate's doing)."""
     task = load_task(RELU_LARGE)
-    attack = evaluate(task, load_candidate(HACKS / "baseline_spinner"), fast_config)
-    honest = evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config)
-    assert attack.status == "ok" and honest.status == "ok", (attack.reason, honest.reason)
-    assert attack.eager_ms < 1.3 * honest.eager_ms, (attack.eager_ms, honest.eager_ms)
-    assert attack.compile_ms < 1.3 * honest.compile_ms, (attack.compile_ms, honest.compile_ms)
+    runs: dict[str, list] = {"attack": [], "honest": []}
+    for _ in range(2):
+        runs["attack"].append(evaluate(task, load_candidate(HACKS / "baseline_spinner"), fast_config))
+        runs["honest"].append(evaluate(task, load_candidate(TESTS / "fixtures" / "honest_relu"), fast_config))
+    assert all(r.status == "ok" for rs in runs.values() for r in rs), [r.reason for rs in runs.values() for r in rs]
+    for figure in ("eager_ms", "compile_ms"):
+        attack, honest = (min(getattr(r, figure) for r in runs[k]) for k in ("attack", "honest"))
+        assert attack < 1.3 * honest, (figure, attack, honest)
 
 
 def test_a_program_that_seals_its_input_slot_fails_its_own_call(fast_config):

@@ -3,10 +3,9 @@
 Each call is a fresh `bash -c` started by the evaluator's launcher (hpc/sandbox/launch.py) under
 the workers' rules: pid 1 of its own PID namespace with a fresh /proc (it sees no other process,
 the harness's environment included), an empty network namespace, rlimits, the strict seccomp
-profile (no AF_UNIX sockets: the host's UNIX sockets are out of reach), a cgroup of its own (its
-memory, memfd and tmpfs pages included, and its tasks bounded: `bash.memory_gb`,
-`bash.max_processes`), uid 65534 where the
-harness is root and that uid can read Python (else uid 0 without capabilities), and Landlock:
+profile (no socket of any family: the host's UNIX sockets and AF_VSOCK are out of reach), a cgroup
+of its own (its memory, memfd and tmpfs pages included, and its tasks bounded: `bash.memory_gb`,
+`bash.max_processes`), uid 65534 where the harness is root (hpc.sandbox.launch.run_as), and Landlock:
 it writes only in the workdir and the episode's scratch folder, and reads only the system, the
 Python installation, the toolkit package and the episode, so a command cannot read the
 repository's shipped solutions, its tests, or another episode's workdir (`bash.confine_reads`,

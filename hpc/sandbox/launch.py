@@ -402,9 +402,12 @@ def run_as(uid: int, readable: Iterable[str], writable: Iterable[str] = ()) -> i
     never a silent fallback to root."""
     if uid < 0 or not can_switch_uid():
         return None
+    handed = [os.path.realpath(p) for p in writable]
     for path in readable:
-        if os.path.exists(path) and not _mode_allows(os.path.realpath(path), uid,
-                                                     os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+        real = os.path.realpath(path)
+        if any(real == h or real.startswith(h + os.sep) for h in handed):
+            continue
+        if os.path.exists(path) and not _mode_allows(real, uid, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
             raise LaunchError(f"uid {uid} cannot read {path}: make it readable to others (chmod -R o+rX), or set "
                               f"sandbox.run_as_uid: -1 to run confined programs as uid 0 without capabilities")
     return uid

@@ -2,10 +2,11 @@
 
 Started by the one launcher (hpc/sandbox/launch.py), so it is pid 1 of its own PID namespace with
 a fresh /proc (it sees no other process; when it ends, everything it started ends), in an empty
-network namespace, with rlimits (address space on cpu, CPU seconds, open files, processes, file
-size, no core dumps), as uid `sandbox.run_as_uid` where a root harness can drop to it (else uid 0
-without capabilities), under seccomp (`trusted` workers, the harness's reference and baselines,
-may open AF_UNIX sockets; candidate workers may not) and Landlock: it reads only the system, the
+network namespace, in a cgroup of its own (memory, tasks, cores, the freezer: hpc.sandbox.cgroup),
+with rlimits (address space on cpu, CPU seconds, open files, file size, no core dumps), as uid
+`sandbox.run_as_uid` where the harness is root (hpc.sandbox.launch.run_as), under seccomp
+(`trusted` workers, the harness's reference and baselines, may open sockets; candidate workers
+none off the GPU) and Landlock: it reads only the system, the
 Python installation, the hpc package, its workdir and the `readable` paths given at start, and
 writes only its workdir, the `writable` paths, /dev/null and, on cuda, the NVIDIA device nodes;
 it can neither signal nor connect to anything outside. It is always a fresh interpreter:

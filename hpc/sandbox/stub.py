@@ -209,8 +209,8 @@ def _confine_child(spec: dict, pidns: bool, life_r: int) -> dict[str, object]:
         os.setgroups([])
         os.setresgid(spec["uid"], spec["uid"], spec["uid"])
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
-    elif capabilities("CapBnd") or capabilities("CapEff"):
-        _drop_capabilities()
+    elif os.geteuid() == 0 and (capabilities("CapBnd") or capabilities("CapEff")):
+        _drop_capabilities()   # a program of another uid (one a sandbox starts) holds none to drop
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, "PR_SET_PDEATHSIG")
     poller = select.poll()
     poller.register(life_r, select.POLLIN)
