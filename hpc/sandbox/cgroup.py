@@ -32,15 +32,12 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
-import logging
 import os
 import secrets
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 RESOURCES = ("memory", "pids", "cpuset")   # the controllers every group is made in
 PREFIX = "hpc-"                            # hpc-<harness pid>-<n>-<random>
